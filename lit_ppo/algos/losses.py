@@ -1,0 +1,169 @@
+"""Policy and value losses (ALGORITHMS.md sections 5 and 6), label-aligned ``[B, T]``.
+
+A policy loss is a registered per-token surrogate L_t(r_t, A_t); ``policy_loss`` supplies the ratio
+(token, or GSPO's sequence ratio), the decoupled behaviour weight w_t, rejection sampling and the
+aggregation, so PPO, GRPO, GSPO, DAPO, SAPO, IcePop and KPop are one code path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from lit_ppo.algos.registry import Registry
+from lit_ppo.algos.rejection import rejection_sampling
+
+if TYPE_CHECKING:
+    from lit_ppo.config import PPOActorConfig
+
+SurrogateFn = Callable[[torch.Tensor, torch.Tensor, "PPOActorConfig"],
+                       tuple[torch.Tensor, dict[str, torch.Tensor]]]
+POLICY_LOSSES: Registry[SurrogateFn] = Registry("policy loss")
+register_policy_loss = POLICY_LOSSES.register
+
+
+@register_policy_loss("ppo")
+def ppo_clip_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, cfg: PPOActorConfig):
+    """L = max(-A r, -A clip(r, 1 - eps_lo, 1 + eps_hi)), then min(L, c|A|) with dual clip c."""
+    clipped_ratio = ratio.clamp(1.0 - cfg.eps_clip, 1.0 + cfg.eps_clip_high)
+    unclipped = -advantages * ratio
+    clipped = -advantages * clipped_ratio
+    clip_active = unclipped < clipped  # strict: the clipped branch is the one in force
+    loss = torch.where(clip_active, clipped, unclipped)
+    per_token_stats = {"clip_fraction": clip_active}
+    if cfg.c_clip is not None:
+        dual_bound = cfg.c_clip * advantages.abs()  # binds only for A < 0
+        dual_active = dual_bound < loss
+        loss = torch.where(dual_active, dual_bound, loss)
+        per_token_stats["dual_clip_fraction"] = dual_active
+    else:
+        per_token_stats["dual_clip_fraction"] = torch.zeros_like(clip_active)
+    return loss, per_token_stats
+
+
+@register_policy_loss("sapo")
+def sapo_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, cfg: PPOActorConfig):
+    """SAPO soft gate: L = -g A, g = (4/tau) sigmoid(tau (r - 1)), tau = tau_pos if A > 0 else tau_neg.
+    dL/dlog r = -A 4 sigma (1 - sigma) r, which is -A at r = 1 for any tau."""
+    gate_pos = 4.0 / cfg.sapo_tau_pos * torch.sigmoid(cfg.sapo_tau_pos * (ratio - 1.0))
+    gate_neg = 4.0 / cfg.sapo_tau_neg * torch.sigmoid(cfg.sapo_tau_neg * (ratio - 1.0))
+    gate = torch.where(advantages > 0, gate_pos, gate_neg)
+    no_clip = torch.zeros_like(ratio, dtype=torch.bool)
+    return -gate * advantages, {"sapo_soft_gate": gate, "clip_fraction": no_clip, "dual_clip_fraction": no_clip}
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x.float() * mask).sum() / mask.sum().clamp(min=1)
+
+
+def _sequence_broadcast(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-row masked mean of x, placed on the row's masked tokens (0 elsewhere)."""
+    mean = (x * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)
+    return mean * mask
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, *, num_tokens: float | None,
+              num_seqs: float | None, max_new_tokens: int, row_tokens: torch.Tensor) -> torch.Tensor:
+    """Reduce ``[B, T]`` losses to a scalar; ``num_tokens`` / ``num_seqs`` are global counts so that
+    micro-batch losses add up to the minibatch loss. ``row_tokens`` = |o_i| per row."""
+    masked = per_token * mask
+    if mode == "token-mean":
+        n = row_tokens.sum() if num_tokens is None else num_tokens
+        return masked.sum() / max(float(n), 1.0)
+    n_seqs = float((row_tokens > 0).sum()) if num_seqs is None else float(num_seqs)
+    n_seqs = max(n_seqs, 1.0)
+    row_sums = masked.sum(1)
+    if mode == "seq-mean-token-mean":
+        return (row_sums / row_tokens.clamp(min=1)).sum() / n_seqs
+    if mode == "seq-mean-token-sum":
+        return row_sums.sum() / n_seqs
+    if mode == "seq-mean-token-sum-norm":
+        return row_sums.sum() / (n_seqs * max_new_tokens)
+    raise ValueError(f"loss_agg_mode={mode!r} is invalid")
+
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                cfg: PPOActorConfig, *, behave_logp: torch.Tensor | None = None,
+                num_tokens: float | None = None, num_seqs: float | None = None,
+                entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The policy loss of one micro-batch, and detached statistics (0-d tensors).
+
+    r_t = exp(log pi_theta - log pi_old); pi_old is the proximal policy when ``use_decoupled_loss``,
+    and then every token is weighted by w_t = pi_old / pi_behave (detached), bounded or masked by
+    ``cfg.rejection_sampling``. With ``importance_sampling_level='sequence'`` (GSPO) r and A are
+    replaced by the sequence's s_i = exp(mean_t log r_t) and mean advantage; the gradient flows
+    through s_i. Token-mean loss = sum_t L_t / N with N = ``num_tokens`` or the mask count, counted
+    before rejection (rejected tokens leave the numerator only).
+    """
+    if not (logp.shape == old_logp.shape == advantages.shape == mask.shape) or logp.dim() != 2:
+        raise ValueError(f"logp, old_logp, advantages and mask must share one [B, T] shape, got "
+                         f"{tuple(logp.shape)}, {tuple(old_logp.shape)}, {tuple(advantages.shape)}, {tuple(mask.shape)}")
+    valid = mask.bool()
+    row_tokens = valid.sum(1)
+    old_logp = old_logp.detach()
+    advantages = advantages.detach().float()
+    stats: dict[str, torch.Tensor] = {}
+
+    loss_mask, weight = valid, None
+    if cfg.use_decoupled_loss:
+        if behave_logp is None:
+            raise ValueError("use_decoupled_loss=true needs behave_logp (the engine's behaviour log-probs)")
+        if cfg.rejection_sampling is not None:
+            loss_mask, weight, rs_stats = rejection_sampling(old_logp, behave_logp, valid, cfg.rejection_sampling)
+            stats.update(rs_stats)
+        else:
+            log_w = old_logp.float() - behave_logp.detach().float()
+            weight = torch.where(valid & torch.isfinite(log_w), log_w, 0.0).exp() * valid
+            stats["behave_imp_weight"] = _masked_mean(weight, valid)
+            stats["filtered_fraction"] = torch.zeros(())
+    m = loss_mask.float()
+
+    log_ratio = torch.where(valid, logp.float() - old_logp.float(), 0.0)
+    if cfg.importance_sampling_level == "sequence":
+        ratio = _sequence_broadcast(log_ratio, m).exp() * m
+        advantages = _sequence_broadcast(advantages, m)
+    else:
+        ratio = log_ratio.exp()
+    per_token, per_token_stats = POLICY_LOSSES.get(cfg.policy_loss)(ratio, advantages, cfg)
+    if weight is not None:
+        per_token = per_token * weight
+    loss = aggregate(per_token, m, cfg.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+                     max_new_tokens=cfg.max_new_tokens, row_tokens=row_tokens)
+
+    if entropy is not None:
+        stats["entropy"] = _masked_mean(entropy.detach(), valid)
+        if cfg.entropy_coef:
+            loss = loss - cfg.entropy_coef * aggregate(entropy, valid.float(), cfg.loss_agg_mode,
+                                                       num_tokens=num_tokens, num_seqs=num_seqs,
+                                                       max_new_tokens=cfg.max_new_tokens, row_tokens=row_tokens)
+    with torch.no_grad():
+        for name, value in per_token_stats.items():
+            stats[name] = _masked_mean(value, valid)
+        r = ratio.detach()
+        stats["importance_weight_mean"] = _masked_mean(r, valid)
+        # k3 estimate of KL(pi_old || pi_theta): (r - 1) - log r >= 0.
+        stats["approx_kl"] = _masked_mean(r - 1.0 - torch.where(valid, r.clamp(min=1e-30).log(), 0.0), valid)
+        stats["loss"] = loss.detach()
+    return loss, stats
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
+               eps_clip: float, num_tokens: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped value loss: sum_t max(1/2 (v - G)^2, 1/2 (v_clip - G)^2) / N with
+    v_clip = v_old + clamp(v - v_old, -eps, eps); N = ``num_tokens`` or the mask count, at least 1."""
+    valid = mask.bool()
+    v = values.float()
+    old = old_values.detach().float()
+    target = returns.detach().float()
+    v_clipped = old + (v - old).clamp(-eps_clip, eps_clip)
+    unclipped_loss = 0.5 * (v - target).square()
+    clipped_loss = 0.5 * (v_clipped - target).square()
+    clip_active = clipped_loss > unclipped_loss
+    per_token = torch.where(clip_active, clipped_loss, unclipped_loss)
+    n = valid.sum() if num_tokens is None else num_tokens
+    loss = (per_token * valid).sum() / max(float(n), 1.0)
+    with torch.no_grad():
+        stats = {"loss": loss.detach(), "clip_fraction": _masked_mean(clip_active, valid),
+                 "value_mean": _masked_mean(v, valid)}
+    return loss, stats
