@@ -1,0 +1,1 @@
+"""Rollout: engines that sample completions and the RolloutBatch they produce."""
