@@ -143,10 +143,53 @@ class RejectionSamplingConfig:
                           stacklevel=3)
 
 
+LR_SCHEDULES = ("constant", "linear", "cosine")
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW with warmup and a schedule over RL iterations; one per trained model."""
+
+    lr: float = 1e-5
+    """Peak learning rate."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    beta1: float = 0.9
+    """Adam first-moment decay."""
+    beta2: float = 0.999
+    """Adam second-moment decay."""
+    eps: float = 1e-8
+    """Adam denominator epsilon."""
+    warmup_steps: int = 0
+    """RL iterations of linear warmup from 0 to lr."""
+    lr_schedule: str = "constant"
+    """After warmup: 'constant', or 'linear' / 'cosine' decay to min_lr_ratio * lr at trainer.max_steps."""
+    min_lr_ratio: float = 0.0
+    """Final learning rate of a decaying schedule, as a fraction of lr."""
+    gradient_clipping: float | None = 1.0
+    """Max global gradient norm per optimizer step, or None for no clipping."""
+
+    def __post_init__(self):
+        _check_number("optimizer.lr", self.lr, low=0.0, low_open=True)
+        _check_number("optimizer.weight_decay", self.weight_decay, low=0.0)
+        _check_number("optimizer.beta1", self.beta1, low=0.0, high=1.0)
+        _check_number("optimizer.beta2", self.beta2, low=0.0, high=1.0)
+        _check_number("optimizer.eps", self.eps, low=0.0, low_open=True)
+        if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) or self.warmup_steps < 0:
+            _fail("optimizer.warmup_steps", self.warmup_steps, "an integer >= 0")
+        _check_choice("optimizer.lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        _check_number("optimizer.min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
+        _check_number("optimizer.gradient_clipping", self.gradient_clipping, low=0.0, low_open=True, optional=True)
+
+
 @dataclass
 class PPOActorConfig:
-    """Actor (policy) algorithm settings: rewards, advantages and the policy loss."""
+    """Actor (policy) settings: rewards, advantages, the policy loss and its optimisation."""
 
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """Optimizer of the policy."""
+    mb_max_tokens: int = 16384
+    """Token budget (rows x padded length) of one micro-batch forward/backward; bounds activation memory."""
     ppo_n_minibatches: int = 4
     """Optimizer steps per training step: the batch is split into this many minibatches, one pass."""
     eps_clip: float = 0.2
@@ -218,6 +261,8 @@ class PPOActorConfig:
         from lit_ppo.algos.lambda_fn import GaeLambdaContext, resolve_gae_lambda
         from lit_ppo.algos.losses import POLICY_LOSSES
 
+        self.optimizer = _as_config(OptimizerConfig, "optimizer", self.optimizer)
+        _check_positive_int("mb_max_tokens", self.mb_max_tokens)
         self.reward_norm = _as_config(NormConfig, "reward_norm", self.reward_norm)
         self.adv_norm = _as_config(NormConfig, "adv_norm", self.adv_norm)
         self.rejection_sampling = _as_config(RejectionSamplingConfig, "rejection_sampling",
@@ -286,11 +331,46 @@ class PPOActorConfig:
 class PPOCriticConfig:
     """Critic (value model) settings."""
 
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """Optimizer of the critic."""
+    mb_max_tokens: int = 16384
+    """Token budget (rows x padded length) of one critic micro-batch."""
     ppo_n_minibatches: int = 4
     """Optimizer steps per training step for the critic."""
     eps_clip: float = 0.5
     """Absolute clip of the value change per update (value clipping)."""
 
     def __post_init__(self):
+        self.optimizer = _as_config(OptimizerConfig, "critic.optimizer", self.optimizer)
+        _check_positive_int("critic.mb_max_tokens", self.mb_max_tokens)
         _check_positive_int("critic.ppo_n_minibatches", self.ppo_n_minibatches)
         _check_number("critic.eps_clip", self.eps_clip, low=0.0, low_open=True)
+
+
+@dataclass
+class GenerationConfig:
+    """How completions are sampled (the sampling distribution the trainer recomputes log-probs under)."""
+
+    n_samples: int = 8
+    """Completions per prompt: the group size G."""
+    max_new_tokens: int = 64
+    """Generation budget per completion (per turn for multi-turn workflows)."""
+    temperature: float = 1.0
+    """Sampling temperature; the trainer's actor.temperature must equal it."""
+    top_k: int = 0
+    """Sample among the k most likely tokens; 0 for all."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; 1.0 for all."""
+    restrict_to_task_tokens: bool = False
+    """Sample only the tokens the task allows (e.g. digits + end for arithmetic); the trainer applies
+    the same restriction to its log-probs."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Extra stop tokens besides the tokenizer's EOS."""
+
+    def __post_init__(self):
+        _check_positive_int("gconfig.n_samples", self.n_samples)
+        _check_positive_int("gconfig.max_new_tokens", self.max_new_tokens)
+        _check_number("gconfig.temperature", self.temperature, low=0.0, low_open=True)
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            _fail("gconfig.top_k", self.top_k, "an integer >= 0 (0 disables)")
+        _check_number("gconfig.top_p", self.top_p, low=0.0, low_open=True, high=1.0)

@@ -1,5 +1,6 @@
 """The PPO-family algorithm core: pure torch, no Lightning (DESIGN.md section 4)."""
 
+from lit_ppo.algos.advantages import Advantages, compute_advantages
 from lit_ppo.algos.gae import ADVANTAGE_ESTIMATORS, compute_gae, register_advantage_estimator, validate_turn_ids
 from lit_ppo.algos.kl import kl_estimate, kl_reward
 from lit_ppo.algos.lambda_fn import (
@@ -15,7 +16,7 @@ from lit_ppo.algos.rejection import binary_kl, rejection_sampling
 from lit_ppo.algos.rewards import overlong_penalty, shape_rewards
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "GaeLambdaContext", "Registry", "binary_kl", "compute_gae",
+    "ADVANTAGE_ESTIMATORS", "Advantages", "POLICY_LOSSES", "GaeLambdaContext", "Registry", "binary_kl", "compute_advantages", "compute_gae",
     "kl_estimate", "kl_reward", "normalize", "overlong_penalty", "policy_loss", "register_advantage_estimator",
     "register_policy_loss", "rejection_sampling", "relative_position_gae_lambda", "resolve_gae_lambda",
     "shape_rewards", "validate_turn_ids", "value_loss", "vapo_length_adaptive_gae",

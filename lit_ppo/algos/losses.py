@@ -142,7 +142,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
             stats[name] = _masked_mean(value, valid)
         r = ratio.detach()
         stats["importance_weight_mean"] = _masked_mean(r, valid)
-        # k3 estimate of KL(pi_old || pi_theta): (r - 1) - log r >= 0.
+        # approx_kl: k3 estimate of KL(pi_old || pi_theta), (r - 1) - log r >= 0 (AReaL logs the signed log r).
         stats["approx_kl"] = _masked_mean(r - 1.0 - torch.where(valid, r.clamp(min=1e-30).log(), 0.0), valid)
         stats["loss"] = loss.detach()
     return loss, stats

@@ -1,0 +1,655 @@
+"""policy_loss and value_loss (ALGORITHMS.md 5.5-5.9, 5.12, 6; DESIGN.md 4.2).
+
+Conventions: old_logp = 0 so the ratio is r = exp(logp); expected values are worked by hand in the
+comments (or from the closed-form math with the `math` module), never from the implementation.
+Gradients are checked with autograd against the analytic gradient.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lit_ppo.algos import policy_loss, value_loss
+from lit_ppo.config import PPOActorConfig
+
+RTOL = 1e-5
+ATOL = 1e-6
+LN = math.log
+
+
+def _t(x, dtype=torch.float32):
+    return torch.tensor(x, dtype=dtype)
+
+
+def _close(actual, expected, rtol=RTOL, atol=ATOL):
+    if not torch.is_tensor(expected):
+        expected = _t(expected)
+    torch.testing.assert_close(actual.detach().float(), expected.float(), rtol=rtol, atol=atol)
+
+
+def _sig(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def _run(ell, adv, mask=None, cfg=None, behave=None, old=None, **kw):
+    """logp = ell (requires grad), old_logp = 0 unless given. Returns loss, stats, grad wrt logp."""
+    logp = _t(ell).requires_grad_(True)
+    old_logp = torch.zeros_like(logp) if old is None else _t(old)
+    adv_t = _t(adv)
+    mask_t = torch.ones_like(logp, dtype=torch.bool) if mask is None else _t(mask, torch.bool)
+    beh = None if behave is None else _t(behave)
+    cfg = cfg if cfg is not None else PPOActorConfig()
+    loss, stats = policy_loss(logp, old_logp, adv_t, mask_t, cfg, behave_logp=beh, **kw)
+    assert loss.dim() == 0
+    loss.backward()
+    return loss, stats, logp.grad
+
+
+def _stat(stats, key):
+    v = stats[key]
+    assert torch.is_tensor(v) and v.dim() == 0, key
+    return float(v)
+
+
+# ====================================================================== PPO clip, token level
+
+
+def test_ppo_clip_values_gradient_and_clip_fraction():
+    # eps = 0.2, band [0.8, 1.2]. (r, A) -> L1 = -A r, L2 = -A clip(r), L = max; clipped iff L1 < L2.
+    #   (1.5,  1): L1 -1.5, L2 -1.2 -> -1.2  clipped   grad 0
+    #   (0.5,  1): L1 -0.5, L2 -0.8 -> -0.5  no        grad -A r/N = -0.5/6
+    #   (1.5, -1): L1  1.5, L2  1.2 ->  1.5  no        grad +1.5/6
+    #   (0.5, -1): L1  0.5, L2  0.8 ->  0.8  clipped   grad 0
+    #   (1.1,  2): L1 -2.2, L2 -2.2 -> -2.2  no        grad -2.2/6
+    #   (1.5,  0): 0 = 0            ->  0    no (strict) grad 0
+    #   masked (3.0, 5): ignored
+    # loss = (-1.2 - 0.5 + 1.5 + 0.8 - 2.2 + 0) / 6 = -1.6 / 6
+    ell = [[LN(1.5), LN(0.5), LN(1.5), LN(0.5), LN(1.1), LN(1.5), LN(3.0)]]
+    adv = [[1.0, 1.0, -1.0, -1.0, 2.0, 0.0, 5.0]]
+    mask = [[1, 1, 1, 1, 1, 1, 0]]
+    loss, stats, grad = _run(ell, adv, mask, PPOActorConfig(eps_clip=0.2))
+    _close(loss, -1.6 / 6)
+    _close(grad, [[0.0, -0.5 / 6, 1.5 / 6, 0.0, -2.2 / 6, 0.0, 0.0]])
+    assert _stat(stats, "clip_fraction") == pytest.approx(2 / 6, abs=1e-6)
+    assert _stat(stats, "dual_clip_fraction") == pytest.approx(0.0, abs=1e-7)
+    # importance_weight_mean: masked mean of r = (1.5 + .5 + 1.5 + .5 + 1.1 + 1.5) / 6 = 1.1
+    assert _stat(stats, "importance_weight_mean") == pytest.approx(1.1, abs=1e-5)
+
+
+def test_approx_kl_stat_is_k3_of_old_vs_new():
+    # approx_kl is the k3 estimate of KL(pi_old || pi_theta) from tokens sampled by pi_old:
+    # mean over valid tokens of (r - 1) - log r, which is >= 0 (unlike the signed mean log-ratio).
+    # r = [1.5, .5, 1.1, (masked) 3]:
+    #   1.5: .5 - .405465 = .094535 ; .5: -.5 + .693147 = .193147 ; 1.1: .1 - .095310 = .004690
+    #   mean = (.094535 + .193147 + .004690) / 3 = .097457
+    ell = [[LN(1.5), LN(0.5), LN(1.1), LN(3.0)]]
+    _, stats, _ = _run(ell, [[1.0, 1.0, 1.0, 1.0]], [[1, 1, 1, 0]])
+    assert _stat(stats, "approx_kl") == pytest.approx(0.097457, abs=1e-5)
+
+
+def test_ppo_asymmetric_clip_higher():
+    # eps_lo = 0.2, eps_hi = 0.28: band [0.8, 1.28].
+    #   (1.5,   1): clip -> -1.28, clipped, grad 0
+    #   (1.25,  1): in band -> -1.25, grad -1.25/5 (symmetric 0.2 would clip to -1.2)
+    #   (0.5,  -1): clip -> 0.8, clipped
+    #   (0.75, -1): L1 .75 < L2 .8 -> 0.8, clipped
+    #   (0.85, -1): in band -> 0.85, grad +0.85/5
+    # loss = (-1.28 - 1.25 + 0.8 + 0.8 + 0.85) / 5 = -0.08 / 5
+    ell = [[LN(1.5), LN(1.25), LN(0.5), LN(0.75), LN(0.85)]]
+    adv = [[1.0, 1.0, -1.0, -1.0, -1.0]]
+    loss, stats, grad = _run(ell, adv, cfg=PPOActorConfig(eps_clip=0.2, eps_clip_higher=0.28))
+    _close(loss, -0.08 / 5)
+    _close(grad, [[0.0, -1.25 / 5, 0.0, 0.0, 0.85 / 5]])
+    assert _stat(stats, "clip_fraction") == pytest.approx(3 / 5, abs=1e-6)
+
+
+def test_ppo_dual_clip():
+    # eps 0.2, c = 3; L3 = c |A| = min-ed in.
+    #   (5,   -1):  L = max(5, 1.2) = 5 -> min(5, 3) = 3      dual, grad 0
+    #   (2,   -1):  L = 2 < 3                                  grad +2/6
+    #   (5,    1):  L = max(-5, -1.2) = -1.2, clipped         grad 0 (A > 0: dual never binds)
+    #   (4, -0.5):  L = max(2, 0.6) = 2 -> min(2, 1.5) = 1.5  dual, grad 0
+    #   (0.5, -2):  L = max(1, 1.6) = 1.6 (clipped) < 6       grad 0
+    #   (1,    0):  0
+    # loss = (3 + 2 - 1.2 + 1.5 + 1.6 + 0) / 6 = 6.9 / 6
+    # clip_mask (L1 < L2): tokens 3 and 5 -> 2/6; dual: tokens 1 and 4 -> 2/6
+    ell = [[LN(5.0), LN(2.0), LN(5.0), LN(4.0), LN(0.5), 0.0]]
+    adv = [[-1.0, -1.0, 1.0, -0.5, -2.0, 0.0]]
+    loss, stats, grad = _run(ell, adv, cfg=PPOActorConfig(eps_clip=0.2, c_clip=3.0))
+    _close(loss, 6.9 / 6)
+    _close(grad, [[0.0, 2.0 / 6, 0.0, 0.0, 0.0, 0.0]])
+    assert _stat(stats, "dual_clip_fraction") == pytest.approx(2 / 6, abs=1e-6)
+    assert _stat(stats, "clip_fraction") == pytest.approx(2 / 6, abs=1e-6)
+
+
+def test_ppo_dual_clip_inactive_for_positive_advantage():
+    # A > 0: L <= 0 < c|A| so c_clip = 1.5 never binds. r = [10, 0.1, 1.1], A = [1, 2, 3]:
+    #   L = [-1.2, -0.2, -3.3] -> loss = -4.7 / 3 with and without c_clip.
+    ell = [[LN(10.0), LN(0.1), LN(1.1)]]
+    adv = [[1.0, 2.0, 3.0]]
+    for cfg in (PPOActorConfig(c_clip=1.5), PPOActorConfig()):
+        loss, stats, grad = _run(ell, adv, cfg=cfg)
+        _close(loss, -4.7 / 3)
+        _close(grad, [[0.0, -0.2 / 3, -3.3 / 3]])
+        assert _stat(stats, "dual_clip_fraction") == pytest.approx(0.0, abs=1e-7)
+
+
+def test_ratio_one_equals_reinforce_gradient():
+    # r = 1: loss = -sum(A)/N and d loss / d logp = -A/N, the REINFORCE term -sum(A logp)/N.
+    adv = [[0.5, -1.5, 2.0, 3.0], [1.0, -0.25, 7.0, -9.0]]
+    mask = [[1, 1, 1, 0], [1, 1, 0, 0]]
+    loss, _, grad = _run([[0.0] * 4] * 2, adv, mask)
+    n = 5
+    _close(loss, -(0.5 - 1.5 + 2.0 + 1.0 - 0.25) / n)
+    _close(grad, [[-0.5 / n, 1.5 / n, -2.0 / n, 0.0], [-1.0 / n, 0.25 / n, 0.0, 0.0]])
+
+
+def test_in_band_gradient_is_minus_a_r_over_n():
+    g = torch.Generator().manual_seed(0)
+    ell = (torch.rand(3, 5, generator=g) * 0.3 - 0.15)  # within [ln .8, ln 1.2] = [-0.223, 0.182]
+    adv = torch.randn(3, 5, generator=g)
+    mask = torch.rand(3, 5, generator=g) > 0.3
+    n = int(mask.sum())
+    loss, _, grad = _run(ell.tolist(), adv.tolist(), mask.int().tolist())
+    r = torch.exp(ell)
+    _close(loss, -(adv * r * mask).sum() / n)
+    _close(grad, -adv * r * mask / n)
+
+
+def test_num_tokens_overrides_denominator():
+    # r = 1: loss = -sum(A)/num_tokens = -(1 + 2 + 3)/10
+    loss, _, grad = _run([[0.0, 0.0, 0.0]], [[1.0, 2.0, 3.0]], num_tokens=10)
+    _close(loss, -0.6)
+    _close(grad, [[-0.1, -0.2, -0.3]])
+
+
+def _batch():
+    ell = [
+        [0.1, LN(1.5), -0.05, 0.0],
+        [LN(0.5), 0.02, 0.3, -2.0],
+        [0.0, -0.1, 0.15, 0.05],
+        [LN(0.6), LN(1.4), 0.0, 0.07],
+    ]
+    adv = [
+        [1.0, 2.0, -0.5, 4.0],
+        [-1.0, 0.5, 3.0, 1.0],
+        [0.2, -0.7, 1.1, 0.0],
+        [-2.0, 1.5, 0.3, -0.4],
+    ]
+    mask = [[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1]]
+    behave = [
+        [-0.1, 0.2, 0.0, 0.0],
+        [0.0, -2.0, 0.1, 0.0],
+        [0.3, 0.0, 0.0, 0.0],
+        [-0.2, 0.0, 1.0, 0.05],
+    ]
+    return ell, adv, mask, behave
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(eps_clip_higher=0.28, c_clip=2.0),
+        dict(importance_sampling_level="sequence"),
+        dict(use_sapo_loss=True),
+        dict(use_decoupled_loss=True),
+        dict(use_decoupled_loss=True, rejection_sampling=dict(level="token", action="mask", metric="ratio", lower=0.5, upper=5.0)),
+    ],
+)
+def test_micro_batches_with_global_num_tokens_sum_to_full_batch(kw):
+    ell, adv, mask, behave = _batch()
+    cfg = PPOActorConfig(**kw)
+    beh = behave if cfg.use_decoupled_loss else None
+    n_total = sum(map(sum, mask))  # 13
+    full_loss, _, full_grad = _run(ell, adv, mask, cfg, behave=beh)
+    parts = [slice(0, 2), slice(2, 4)]
+    total = 0.0
+    grads = []
+    for p in parts:
+        b = None if beh is None else beh[p]
+        loss, _, grad = _run(ell[p], adv[p], mask[p], cfg, behave=b, num_tokens=n_total)
+        total = total + loss.detach()
+        grads.append(grad)
+    _close(total, full_loss)
+    _close(torch.cat(grads), full_grad)
+
+
+# ====================================================================== GSPO (sequence level)
+
+
+def test_gspo_ratio_one_mean_advantage():
+    # r = 1: L_t = -Abar_i. Abar = [2.5, 0.5] -> loss = (-2.5*4 - 0.5*4) / 8 = -1.5.
+    cfg = PPOActorConfig(importance_sampling_level="sequence")
+    loss, stats, grad = _run([[0.0] * 4] * 2, [[1.0, 2.0, 3.0, 4.0], [0.5] * 4], cfg=cfg)
+    _close(loss, -1.5)
+    _close(grad, [[-2.5 / 8] * 4, [-0.5 / 8] * 4])
+    assert _stat(stats, "importance_weight_mean") == pytest.approx(1.0, abs=1e-6)
+
+
+def _gspo_case(pad_adv):
+    # Row 0: l = [.1, -.05, .02, .03], mean .025, s0 = e^.025; A = [1, 2, 3, 4], Abar 2.5.
+    # Row 1: valid l = [.04, -.02], mean .01, s1 = e^.01; A valid [-1, 0], Abar -0.5.
+    #        padded l = [5, -3] (mean over all 4 would be .505 -> clipped) and padded A = pad_adv.
+    # N = 6. loss = (4 * (-2.5 s0) + 2 * (0.5 s1)) / 6
+    # grad row 0: -Abar s0 / N = -2.5 s0 / 6; row 1 valid: +0.5 s1 / 6; padding 0.
+    ell = [[0.1, -0.05, 0.02, 0.03], [0.04, -0.02, 5.0, -3.0]]
+    adv = [[1.0, 2.0, 3.0, 4.0], [-1.0, 0.0, pad_adv, pad_adv]]
+    mask = [[1, 1, 1, 1], [1, 1, 0, 0]]
+    return _run(ell, adv, mask, PPOActorConfig(importance_sampling_level="sequence"))
+
+
+def test_gspo_sequence_ratio_and_gradient():
+    s0, s1 = math.exp(0.025), math.exp(0.01)
+    loss, stats, grad = _gspo_case(100.0)
+    _close(loss, (4 * (-2.5 * s0) + 2 * (0.5 * s1)) / 6)
+    _close(grad, [[-2.5 * s0 / 6] * 4, [0.5 * s1 / 6, 0.5 * s1 / 6, 0.0, 0.0]])
+    # importance weight s_i on every valid token: mean (4 s0 + 2 s1) / 6
+    assert _stat(stats, "importance_weight_mean") == pytest.approx((4 * s0 + 2 * s1) / 6, abs=1e-5)
+    assert _stat(stats, "clip_fraction") == pytest.approx(0.0, abs=1e-7)
+
+
+def test_gspo_masked_padding_advantages_do_not_change_loss():
+    s0, s1 = math.exp(0.025), math.exp(0.01)
+    expected = (4 * (-2.5 * s0) + 2 * (0.5 * s1)) / 6
+    for pad in (100.0, -7.0, 0.0):
+        loss, _, _ = _gspo_case(pad)
+        _close(loss, expected)
+
+
+def test_gspo_clipped_sequence_has_zero_gradient():
+    # Row 0: l = .5 everywhere, s = e^.5 = 1.6487 > 1.2, Abar = 1 -> L = -1.2 per token, grad 0.
+    # Row 1: l = 0, A = [2, -1, .5], Abar = .5 -> L = -.5 per token, grad -.5/6.
+    # loss = (3 * -1.2 + 3 * -0.5) / 6 = -0.85; clipped tokens 3/6.
+    cfg = PPOActorConfig(importance_sampling_level="sequence", eps_clip=0.2)
+    loss, stats, grad = _run([[0.5] * 3, [0.0] * 3], [[1.0] * 3, [2.0, -1.0, 0.5]], cfg=cfg)
+    _close(loss, -0.85)
+    _close(grad, [[0.0] * 3, [-0.5 / 6] * 3])
+    assert _stat(stats, "clip_fraction") == pytest.approx(0.5, abs=1e-6)
+
+
+def test_gspo_differs_from_token_level():
+    # Token level: r = [e^.3, e^-.3] (1.35 clipped at A = 1 -> -1.2; .741 -> -.741): loss = -1.941/2.
+    # Sequence level: s = e^0 = 1 -> loss = -1.
+    ell, adv = [[0.3, -0.3]], [[1.0, 1.0]]
+    tok, _, _ = _run(ell, adv, cfg=PPOActorConfig())
+    seq, _, _ = _run(ell, adv, cfg=PPOActorConfig(importance_sampling_level="sequence"))
+    _close(tok, -(1.2 + math.exp(-0.3)) / 2)
+    _close(seq, -1.0)
+
+
+def test_gspo_uses_post_rejection_mask():
+    # Decoupled + IcePop {token, mask, ratio, 0.5, 5}; old = 0, behave = [0, 0, -2] -> w = [1, 1, e^2];
+    # e^2 = 7.39 > 5 rejects token 2. Post-rejection mask [1, 1, 0]:
+    #   s = exp(mean(.1, .1)) = e^.1 = 1.10517 (in band), Abar = (1 + 2)/2 = 1.5.
+    #   (Counting token 2 would give s = e^(1.1/3) = 1.443, clipped, and Abar = 13/3.)
+    # L kept = -1.5 s each; N = 3 (pre-rejection) -> loss = -2 * 1.5 * s / 3 = -s.
+    # grad kept tokens: -Abar s / N = -1.5 s / 3; rejected token: 0.
+    cfg = PPOActorConfig(
+        importance_sampling_level="sequence",
+        use_decoupled_loss=True,
+        rejection_sampling=dict(level="token", action="mask", metric="ratio", lower=0.5, upper=5.0),
+    )
+    s = math.exp(0.1)
+    loss, stats, grad = _run([[0.1, 0.1, 0.9]], [[1.0, 2.0, 10.0]], cfg=cfg, behave=[[0.0, 0.0, -2.0]])
+    _close(loss, -s)
+    _close(grad, [[-1.5 * s / 3, -1.5 * s / 3, 0.0]])
+    assert _stat(stats, "filtered_fraction") == pytest.approx(1 / 3, abs=1e-6)
+
+
+# ====================================================================== SAPO
+
+
+def _sapo(tp=1.0, tn=1.05, **kw):
+    return PPOActorConfig(use_sapo_loss=True, sapo_tau_pos=tp, sapo_tau_neg=tn, **kw)
+
+
+def test_sapo_gate_two_at_ratio_one():
+    # g = (4/tau) sigmoid(tau (r - 1)) = 4 * 0.5 = 2 at r = 1, tau = 1; L = -g A = -2.
+    loss, stats, grad = _run([[0.0, 0.0, 0.0]], [[1.0, 1.0, 1.0]], cfg=_sapo(1.0, 1.05))
+    _close(loss, -2.0)
+    # gradient at r = 1: -A/N
+    _close(grad, [[-1 / 3] * 3])
+    assert "sapo_soft_gate" in stats and torch.isfinite(stats["sapo_soft_gate"])
+
+
+def test_sapo_negative_gate_value():
+    # A = -1 at r = 1 with tau_neg = 1.05: g = (4/1.05) * 0.5 = 1.904762, L = +1.904762.
+    loss, _, _ = _run([[0.0]], [[-1.0]], cfg=_sapo(1.0, 1.05))
+    _close(loss, 2.0 / 1.05)
+
+
+@pytest.mark.parametrize("taus", [(1.0, 1.05), (2.0, 3.0), (0.5, 0.25)])
+def test_sapo_gradient_at_ratio_one_is_minus_a_over_n(taus):
+    adv = [[1.0, -2.0, 0.5, 0.0, 3.0]]
+    _, _, grad = _run([[0.0] * 5], adv, cfg=_sapo(*taus))
+    _close(grad, [[-a / 5 for a in adv[0]]])
+
+
+def test_sapo_gate_selection_and_gradient_off_ratio_one():
+    # tau+ = 1, tau- = 2; tokens (l, A): (.5, 1) (.5, -1) (-.3, 2) (-.3, -.5)
+    # g = (4/tau) sig(tau (r - 1)) with tau by sign(A); L = -g A; dL/dlogp = -A 4 sig (1 - sig) r.
+    tp, tn = 1.0, 2.0
+    ell = [0.5, 0.5, -0.3, -0.3]
+    adv = [1.0, -1.0, 2.0, -0.5]
+    exp_loss, exp_grad = 0.0, []
+    for l, a in zip(ell, adv):
+        tau = tp if a > 0 else tn
+        r = math.exp(l)
+        s = _sig(tau * (r - 1))
+        exp_loss += -(4 / tau) * s * a
+        exp_grad.append(-a * 4 * s * (1 - s) * r / 4)
+    loss, _, grad = _run([ell], [adv], cfg=_sapo(tp, tn))
+    _close(loss, exp_loss / 4)
+    _close(grad, [exp_grad])
+    # Sanity of the hand numbers for token 0: r = 1.64872, sig(.64872) = .65672, g = 2.62689.
+    assert (4 * _sig(math.exp(0.5) - 1)) == pytest.approx(2.62689, abs=1e-4)
+
+
+def test_sapo_ignores_clipping():
+    # r = 2, A = 1, tau+ = 1: g = 4 sig(1) = 2.924234 -> loss -2.924234 (PPO clip would give -1.2).
+    for cfg in (_sapo(1.0, 1.05), _sapo(1.0, 1.05, eps_clip=0.2, c_clip=3.0, eps_clip_higher=0.1)):
+        loss, stats, _ = _run([[LN(2.0)]], [[1.0]], cfg=cfg)
+        _close(loss, -4 * _sig(1.0))
+        assert _stat(stats, "clip_fraction") == pytest.approx(0.0, abs=1e-7)
+
+
+def test_sapo_masked_mean_over_valid_tokens():
+    # Valid tokens: (l=0, A=1) -> -2 and (l=0, A=-0.5, tau- = 1.05) -> +0.5 * 4/1.05 * 0.5 = 0.952381
+    # loss = (-2 + 0.952381) / 2; masked tokens (A = 100) ignored.
+    loss, _, grad = _run(
+        [[0.0, 3.0, 0.0, -2.0]], [[1.0, 100.0, -0.5, 100.0]], mask=[[1, 0, 1, 0]], cfg=_sapo(1.0, 1.05)
+    )
+    _close(loss, (-2.0 + 0.5 * 2.0 / 1.05) / 2)
+    _close(grad, [[-1.0 / 2, 0.0, 0.5 / 2, 0.0]])
+
+
+def test_sapo_sequence_level():
+    # Row: valid l = [.2, .4] -> s = e^.3 = 1.349859; valid A = [1, 3] -> Abar = 2 (padded A = 50 excluded)
+    # tau+ = 1: g = 4 sig(s - 1); L = -2 g per token; loss = -2 g.
+    # grad per valid token = -Abar 4 sig (1 - sig) s / N, N = 2.
+    s = math.exp(0.3)
+    sg = _sig(s - 1)
+    cfg = _sapo(1.0, 1.05, importance_sampling_level="sequence")
+    loss, _, grad = _run([[0.2, 0.4, 3.0]], [[1.0, 3.0, 50.0]], mask=[[1, 1, 0]], cfg=cfg)
+    _close(loss, -2 * 4 * sg)
+    gt = -2 * 4 * sg * (1 - sg) * s / 2
+    _close(grad, [[gt, gt, 0.0]])
+
+
+# ====================================================================== decoupled PPO
+
+
+def test_decoupled_weight_always_applied():
+    # use_decoupled_loss without rejection_sampling: w = exp(old - behave) still applied (DESIGN 4.2).
+    # old = 0, logp = 0 (r = 1), behave = [-.5, .3, 0, -1] -> w = [e^.5, e^-.3, 1, e]
+    # A = [1, 2, -1, .5]: loss = -(e^.5 + 2 e^-.3 - 1 + .5 e) / 4; grad = -A w / 4.
+    w = [math.exp(0.5), math.exp(-0.3), 1.0, math.e]
+    adv = [1.0, 2.0, -1.0, 0.5]
+    cfg = PPOActorConfig(use_decoupled_loss=True)
+    loss, stats, grad = _run([[0.0] * 4], [adv], cfg=cfg, behave=[[-0.5, 0.3, 0.0, -1.0]])
+    _close(loss, -sum(a * x for a, x in zip(adv, w)) / 4)
+    _close(grad, [[-a * x / 4 for a, x in zip(adv, w)]])
+
+
+def test_decoupled_weight_multiplies_clipped_objective():
+    # Token 0: r = 1.5, A = 1 -> clipped -1.2, w = e^.5 -> L = -1.2 e^.5, grad 0.
+    # Token 1: r = 1, A = -2, w = e^-.2 (behave .2) -> L = 2 e^-.2, grad = -A w r / N = 2 e^-.2 / 2.
+    cfg = PPOActorConfig(use_decoupled_loss=True, eps_clip=0.2)
+    loss, _, grad = _run([[LN(1.5), 0.0]], [[1.0, -2.0]], cfg=cfg, behave=[[-0.5, 0.2]])
+    _close(loss, (-1.2 * math.exp(0.5) + 2 * math.exp(-0.2)) / 2)
+    _close(grad, [[0.0, math.exp(-0.2)]])
+
+
+def test_decoupled_icepop_rejected_tokens_keep_denominator():
+    # IcePop {token, mask, ratio, .5, 5}; old = 0; behave = [0, -2, 1, -ln 2] -> w = [1, 7.39, .368, 2]
+    # tokens 1 (7.39 > 5) and 2 (.368 < .5) rejected. logp = [.1, .05, -.1, 0], A = [1, 1, 1, -1].
+    # N = 4 (pre-rejection): loss = (-1 * 1 * e^.1 + 0 + 0 + 1 * 2 * 1) / 4
+    # grad: token 0 -A w r / N = -e^.1 / 4; token 3 +2/4; rejected tokens 0.
+    cfg = PPOActorConfig(
+        use_decoupled_loss=True,
+        rejection_sampling=dict(level="token", action="mask", metric="ratio", lower=0.5, upper=5.0),
+    )
+    loss, stats, grad = _run(
+        [[0.1, 0.05, -0.1, 0.0]], [[1.0, 1.0, 1.0, -1.0]], cfg=cfg, behave=[[0.0, -2.0, 1.0, -LN(2.0)]]
+    )
+    _close(loss, (-math.exp(0.1) + 2.0) / 4)
+    _close(grad, [[-math.exp(0.1) / 4, 0.0, 0.0, 0.5]])
+    assert _stat(stats, "filtered_fraction") == pytest.approx(0.5, abs=1e-6)
+    assert "behave_imp_weight" in stats
+
+
+def test_decoupled_clamp_bounds_weight():
+    # {token, clamp, ratio, upper 2}: behave [0, -2] -> w = [1, min(7.39, 2) = 2]; r = 1, A = 1.
+    # loss = -(1 + 2)/2
+    cfg = PPOActorConfig(
+        use_decoupled_loss=True, rejection_sampling=dict(level="token", action="clamp", metric="ratio", upper=2.0)
+    )
+    loss, _, grad = _run([[0.0, 0.0]], [[1.0, 1.0]], cfg=cfg, behave=[[0.0, -2.0]])
+    _close(loss, -1.5)
+    _close(grad, [[-0.5, -1.0]])
+
+
+def test_decoupled_stats_keys():
+    cfg = PPOActorConfig(use_decoupled_loss=True)
+    _, stats, _ = _run([[0.0, 0.1]], [[1.0, 1.0]], cfg=cfg, behave=[[-0.1, 0.0]])
+    for k in ("behave_imp_weight", "filtered_fraction", "clip_fraction", "dual_clip_fraction", "approx_kl", "importance_weight_mean"):
+        assert k in stats, k
+        assert torch.is_tensor(stats[k]) and stats[k].dim() == 0
+
+
+def test_decoupled_without_behave_logp_raises():
+    cfg = PPOActorConfig(use_decoupled_loss=True)
+    logp = torch.zeros(1, 3, requires_grad=True)
+    with pytest.raises(ValueError):
+        policy_loss(logp, torch.zeros(1, 3), torch.ones(1, 3), torch.ones(1, 3, dtype=torch.bool), cfg)
+
+
+def test_rejection_without_decoupled_is_ignored():
+    # rejection_sampling with use_decoupled_loss=False: warned "ignored" and no weight applied.
+    with pytest.warns(UserWarning, match="ignored"):
+        cfg = PPOActorConfig(
+            use_decoupled_loss=False, rejection_sampling=dict(level="token", action="mask", metric="ratio", upper=2.0)
+        )
+    # plain PPO: r = [1, 1.1], A = [1, 1] -> loss = -(1 + 1.1)/2
+    loss, _, _ = _run([[0.0, LN(1.1)]], [[1.0, 1.0]], cfg=cfg)
+    _close(loss, -2.1 / 2)
+
+
+# ====================================================================== loss_agg_mode
+
+
+def _agg_case():
+    # Row 0: mask [1,1,1,0], A [1,2,3,9]; row 1: mask [1,0,0,0], A [4,...]; row 2: no tokens.
+    # r = 1 -> L = -A. |o| = [3, 1, 0], S = 2 rows with tokens.
+    ell = [[0.0] * 4] * 3
+    adv = [[1.0, 2.0, 3.0, 9.0], [4.0, 9.0, 9.0, 9.0], [9.0] * 4]
+    mask = [[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]]
+    return ell, adv, mask
+
+
+@pytest.mark.parametrize(
+    "mode, num_seqs, expected",
+    [
+        ("token-mean", None, -(1 + 2 + 3 + 4) / 4),  # -2.5
+        ("seq-mean-token-mean", None, (-6 / 3 + -4 / 1) / 2),  # -3
+        ("seq-mean-token-sum", None, (-6 - 4) / 2),  # -5
+        ("seq-mean-token-sum-norm", None, (-6 - 4) / (2 * 8)),  # -0.625, max_new_tokens 8
+        ("seq-mean-token-mean", 4, (-2 - 4) / 4),  # -1.5
+        ("seq-mean-token-sum", 4, -10 / 4),
+        ("seq-mean-token-sum-norm", 4, -10 / (4 * 8)),
+    ],
+)
+def test_loss_agg_modes(mode, num_seqs, expected):
+    ell, adv, mask = _agg_case()
+    cfg = PPOActorConfig(loss_agg_mode=mode, max_new_tokens=8)
+    loss, _, _ = _run(ell, adv, mask, cfg, num_seqs=num_seqs)
+    _close(loss, expected)
+
+
+def test_seq_mean_token_mean_gradient():
+    # d/dlogp_t = -A_t / (|o_i| S): row 0 -[1,2,3]/(3*2), row 1 -4/(1*2).
+    ell, adv, mask = _agg_case()
+    _, _, grad = _run(ell, adv, mask, PPOActorConfig(loss_agg_mode="seq-mean-token-mean"))
+    _close(grad, [[-1 / 6, -2 / 6, -3 / 6, 0.0], [-2.0, 0.0, 0.0, 0.0], [0.0] * 4])
+
+
+@pytest.mark.parametrize("mode", ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+def test_seq_modes_micro_batches_with_num_seqs(mode):
+    ell, adv, mask, _ = _batch()
+    cfg = PPOActorConfig(loss_agg_mode=mode, max_new_tokens=8)
+    full, _, full_grad = _run(ell, adv, mask, cfg)
+    total, grads = 0.0, []
+    for p in (slice(0, 1), slice(1, 4)):
+        loss, _, grad = _run(ell[p], adv[p], mask[p], cfg, num_seqs=4)
+        total = total + loss.detach()
+        grads.append(grad)
+    _close(total, full)
+    _close(torch.cat(grads), full_grad)
+
+
+# ====================================================================== entropy
+
+
+def _entropy_case():
+    ent = _t([[0.5, 1.0, 2.0, 9.0], [1.5, 7.0, 7.0, 7.0]])
+    mask = [[1, 1, 1, 0], [1, 0, 0, 0]]
+    return ent, mask
+
+
+def test_entropy_stat_and_zero_coef():
+    # masked mean entropy = (.5 + 1 + 2 + 1.5) / 4 = 1.25; A = 0 -> loss 0 with entropy_coef 0.
+    ent, mask = _entropy_case()
+    loss, stats, _ = _run([[0.0] * 4] * 2, [[0.0] * 4] * 2, mask, PPOActorConfig(), entropy=ent)
+    _close(loss, 0.0)
+    assert _stat(stats, "entropy") == pytest.approx(1.25, abs=1e-6)
+
+
+def test_entropy_coef_token_mean():
+    # loss = (sum L - coef sum H) / N = (-1 - 0.1 * 5) / 4 with A = [[1,0,0,0],[0,...]]
+    ent, mask = _entropy_case()
+    adv = [[1.0, 0.0, 0.0, 0.0], [0.0] * 4]
+    loss, _, grad = _run([[0.0] * 4] * 2, adv, mask, PPOActorConfig(entropy_coef=0.1), entropy=ent)
+    _close(loss, (-1.0 - 0.5) / 4)
+    _close(grad, [[-0.25, 0.0, 0.0, 0.0], [0.0] * 4])
+
+
+def test_entropy_coef_seq_mean_token_mean():
+    # entropy aggregated like the loss: ((3.5/3) + 1.5/1) / 2 = 1.333333; loss = -0.1 * 1.333333.
+    ent, mask = _entropy_case()
+    cfg = PPOActorConfig(entropy_coef=0.1, loss_agg_mode="seq-mean-token-mean")
+    loss, _, _ = _run([[0.0] * 4] * 2, [[0.0] * 4] * 2, mask, cfg, entropy=ent)
+    _close(loss, -0.1 * (3.5 / 3 + 1.5) / 2)
+
+
+def test_no_entropy_stat_without_entropy():
+    _, stats, _ = _run([[0.0]], [[1.0]])
+    assert "entropy" not in stats
+
+
+# ====================================================================== all masked / misc
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(importance_sampling_level="sequence"),
+        dict(use_sapo_loss=True),
+        dict(use_decoupled_loss=True),
+        dict(use_decoupled_loss=True, rejection_sampling=dict(upper=5.0, lower=0.5)),
+        dict(loss_agg_mode="seq-mean-token-mean"),
+        dict(loss_agg_mode="seq-mean-token-sum-norm"),
+    ],
+)
+def test_all_masked_loss_zero_finite_gradient(kw):
+    cfg = PPOActorConfig(**kw)
+    beh = [[0.3, -5.0, 2.0]] * 2 if cfg.use_decoupled_loss else None
+    loss, stats, grad = _run([[0.5, 3.0, -4.0]] * 2, [[1.0, -2.0, 5.0]] * 2, [[0, 0, 0]] * 2, cfg, behave=beh)
+    _close(loss, 0.0)
+    assert grad is not None
+    _close(grad, torch.zeros(2, 3))
+    for k, v in stats.items():
+        assert torch.isfinite(v).all(), k
+
+
+def test_stats_are_detached_0d():
+    _, stats, _ = _run([[0.1, -0.1]], [[1.0, -1.0]])
+    for k in ("clip_fraction", "dual_clip_fraction", "approx_kl", "importance_weight_mean"):
+        assert k in stats, k
+        assert stats[k].dim() == 0 and not stats[k].requires_grad, k
+
+
+def test_sapo_stats_keys():
+    _, stats, _ = _run([[0.1, -0.1]], [[1.0, -1.0]], cfg=_sapo())
+    assert "sapo_soft_gate" in stats
+    assert stats["sapo_soft_gate"].dim() == 0
+
+
+# ====================================================================== value loss
+
+
+def _vl(v, old, ret, mask, eps=0.5, **kw):
+    values = _t(v).requires_grad_(True)
+    loss, stats = value_loss(values, _t(old), _t(ret), _t(mask, torch.bool), eps_clip=eps, **kw)
+    assert loss.dim() == 0
+    loss.backward()
+    return loss, stats, values.grad
+
+
+def test_value_loss_hand_values_and_gradient():
+    # eps = .5, v_clip = old + clamp(v - old, -.5, .5), l = max(.5 (v - G)^2, .5 (v_clip - G)^2)
+    #  v=1,   old=0, G=2:  v_clip .5;  .5 vs 1.125 -> 1.125 (clipped branch, grad 0)
+    #  v=1,   old=0, G=0:  v_clip .5;  .5 vs .125  -> .5    (grad v - G = 1)
+    #  v=.2,  old=0, G=1:  v_clip .2;  .32 = .32   -> .32   (grad -.8; not clipped)
+    #  v=-1,  old=0, G=-3: v_clip -.5; 2 vs 3.125  -> 3.125 (grad 0)
+    #  masked v=100
+    # loss = (1.125 + .5 + .32 + 3.125) / 4 = 5.07 / 4; clip fraction 2/4
+    loss, stats, grad = _vl(
+        [[1.0, 1.0, 0.2, -1.0, 100.0]], [[0.0] * 5], [[2.0, 0.0, 1.0, -3.0, 0.0]], [[1, 1, 1, 1, 0]]
+    )
+    _close(loss, 5.07 / 4)
+    _close(grad, [[0.0, 0.25, -0.2, 0.0, 0.0]])
+    assert _stat(stats, "clip_fraction") == pytest.approx(0.5, abs=1e-6)
+
+
+def test_value_loss_nonzero_old_values():
+    # old = 2, eps = .5, v = 3.5, G = 1: v_clip = 2.5; .5 * 2.5^2 = 3.125 vs .5 * 1.5^2 = 1.125
+    #   -> 3.125, unclipped branch active although v left the band: grad v - G = 2.5.
+    # old = 2, v = 1.9, G = 4: v_clip 1.9 (in band); .5 * 2.1^2 = 2.205; grad -2.1.
+    # old = -1, v = 0, G = 2: v_clip -.5; .5*4 = 2 vs .5*6.25 = 3.125 -> 3.125, grad 0.
+    loss, stats, grad = _vl([[3.5, 1.9, 0.0]], [[2.0, 2.0, -1.0]], [[1.0, 4.0, 2.0]], [[1, 1, 1]])
+    _close(loss, (3.125 + 2.205 + 3.125) / 3)
+    _close(grad, [[2.5 / 3, -2.1 / 3, 0.0]])
+    assert _stat(stats, "clip_fraction") == pytest.approx(1 / 3, abs=1e-6)
+
+
+def test_value_loss_num_tokens():
+    loss, _, grad = _vl(
+        [[1.0, 1.0, 0.2, -1.0, 100.0]], [[0.0] * 5], [[2.0, 0.0, 1.0, -3.0, 0.0]], [[1, 1, 1, 1, 0]], num_tokens=10
+    )
+    _close(loss, 5.07 / 10)
+    _close(grad, [[0.0, 0.1, -0.08, 0.0, 0.0]])
+
+
+def test_value_loss_micro_batches_sum():
+    v = [[1.0, 0.3, -0.2], [0.7, 2.0, 0.1]]
+    old = [[0.0, 0.5, 0.0], [1.0, 0.0, 0.0]]
+    ret = [[2.0, 0.0, 0.5], [0.0, 1.0, -1.0]]
+    mask = [[1, 1, 0], [1, 1, 1]]
+    full, _, full_grad = _vl(v, old, ret, mask)
+    l0, _, g0 = _vl(v[:1], old[:1], ret[:1], mask[:1], num_tokens=5)
+    l1, _, g1 = _vl(v[1:], old[1:], ret[1:], mask[1:], num_tokens=5)
+    _close(l0 + l1, full)
+    _close(torch.cat([g0, g1]), full_grad)
+
+
+def test_value_loss_all_masked():
+    loss, stats, grad = _vl([[1.0, 5.0]], [[0.0, 0.0]], [[3.0, -3.0]], [[0, 0]])
+    _close(loss, 0.0)
+    assert grad is not None and torch.isfinite(grad).all()
+    _close(grad, torch.zeros(1, 2))
+    assert torch.isfinite(stats["clip_fraction"])
