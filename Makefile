@@ -21,9 +21,14 @@ test: setup
 
 demo: setup
 	$(PY) -m lit_ppo fit algo=grpo
+	@echo
+	@echo "Metrics, config and sample completions: MLflow run 'grpo' in experiment 'lit_ppo' of ./mlflow.db"
+	@echo "  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db"
+	@echo "Checkpoints: runs/<experiment>/<run>/checkpoints/ (resume: python -m lit_ppo fit algo=grpo --ckpt_path <file>)"
 
 bench: setup
 	$(PY) scripts/bench_algos.py
+	$(PY) scripts/bench_train.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

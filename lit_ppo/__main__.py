@@ -1,12 +1,24 @@
-"""Command-line entry: ``python -m lit_ppo fit algo=<preset> [overrides]``."""
+"""Command-line entry: ``python -m lit_ppo fit algo=<preset> [overrides]`` (see lit_ppo.cli)."""
 
 import sys
 
+USAGE = """usage: python -m lit_ppo fit [group=option ...] [key=value ...] [--print_config] [--LightningCLI.flags]
+       python -m lit_ppo fit --config run.yaml [--trainer.max_steps N ...]
 
-def main() -> int:
-    print("lit_ppo: the training loop (`fit`) is not yet available; the algorithm core is importable "
-          "from lit_ppo.algos and lit_ppo.config.", file=sys.stderr)
-    return 0
+groups: algo, model, data, rollout, trainer, logger, rejection, scheduler"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    if argv[0] != "fit":
+        print(f"error: unknown subcommand {argv[0]!r}: must be one of 'fit'", file=sys.stderr)
+        return 2
+    from lit_ppo.cli import run
+
+    return run(argv)
 
 
 if __name__ == "__main__":

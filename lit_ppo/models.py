@@ -106,7 +106,7 @@ TINY_CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
 )
-_TINY_FORMAT = 1  # bump when the build recipe changes, so old cache entries are not reused
+_TINY_FORMAT = 2  # bump when the build recipe changes, so old cache entries are not reused
 
 
 @dataclass

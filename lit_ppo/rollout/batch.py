@@ -37,6 +37,8 @@ class RolloutBatch:
     """[B] prompt text of each row, for logging (may be empty)."""
     completions: list[str] = field(default_factory=list)
     """[B] completion text of each row, for logging (may be empty)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Statistics of the collection that produced the batch (accepted / rejected groups, time), for logging."""
 
     _TENSOR_ROWS = ("input_ids", "attention_mask", "loss_mask", "behave_logp", "versions", "turn_ids",
                     "rewards", "truncated")

@@ -1,0 +1,1 @@
+"""Lightning callbacks of lit_ppo: weight sync to the rollout engine, completion samples, checkpoints."""

@@ -1,0 +1,1 @@
+"""Hydra config groups of lit_ppo (shipped in the package as lit_ppo.conf)."""

@@ -1,0 +1,211 @@
+"""RolloutDataModule: prompts in, RolloutBatch objects out (generate -> reward -> filter -> fill).
+
+Each rank reads its own shard of the task's prompts (a fresh seeded permutation every epoch), asks
+its colocated engine for ``gconfig.n_samples`` completions per prompt, scores them, lets the dynamic
+filter accept or reject whole groups, and keeps pulling prompts until the batch is full. The stream
+is pulled by the training step itself, so in synchronous mode the batch of iteration k is generated
+with the weights of version k (nothing is prefetched ahead of the weight push).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import time
+from dataclasses import replace
+from typing import Callable, Iterator
+
+import lightning as L
+import torch
+
+from lit_ppo.config import GenerationConfig
+from lit_ppo.rollout.batch import RolloutBatch
+from lit_ppo.rollout.engine import RolloutEngine, SamplingParams
+from lit_ppo.rollout.workflows import SingleTurnWorkflow
+from lit_ppo.tasks import build_task
+
+ENGINES = ("hf", "vllm")
+
+
+def import_function(path: str, key: str) -> Callable:
+    """The function at dotted ``path``; ValueError naming ``key`` if it cannot be imported."""
+    module_name, _, attr = path.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr) if module_name else None
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"{key}={path!r} cannot be imported ({e}): give a dotted path module.function") from None
+    if not callable(fn):
+        raise ValueError(f"{key}={path!r} is not a function")
+    return fn
+
+
+def _seed(*parts: int) -> int:
+    """A 63-bit seed mixing the parts (stable across runs and platforms)."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+class RolloutDataModule(L.LightningDataModule):
+    """Streams RolloutBatch objects from a task through a rollout engine.
+
+    Args:
+        task: registered task name ('arithmetic', 'gsm_symbolic', 'reasoning_gym', 'gsm8k').
+        task_kwargs: the task's configuration.
+        gconfig: sampling settings (group size, length budget, temperature, top-k/top-p, restriction).
+        batch_size: prompt groups per RL iteration and rank.
+        engine: rollout engine, 'hf' (transformers) or 'vllm'.
+        dynamic_filter_fn: dotted path to ``fn(group: RolloutBatch) -> bool`` accepting a prompt's
+            group (e.g. lit_ppo.rollout.filters.mixed_outcomes, DAPO's 0 < mean reward < 1); None keeps all.
+        dynamic_bs: stop after ``batch_size`` groups were tried and train on the accepted ones (the
+            batch may be smaller, or empty: the iteration is then skipped); otherwise keep sampling
+            until ``batch_size`` groups are accepted.
+        max_attempts_factor: give up, with an error naming the filter, after
+            ``max_attempts_factor * batch_size`` groups were tried for one batch (fixed batch size) or
+            after ``max_attempts_factor`` consecutive empty batches (dynamic_bs).
+        system_prompt: optional system message before every prompt.
+        seed: seed of the prompt order and of sampling.
+    """
+
+    def __init__(self, task: str = "arithmetic", task_kwargs: dict | None = None,
+                 gconfig: GenerationConfig | None = None, batch_size: int = 32, engine: str = "hf",
+                 dynamic_filter_fn: str | None = None, dynamic_bs: bool = False, max_attempts_factor: int = 8,
+                 system_prompt: str | None = None, seed: int = 0):
+        super().__init__()
+        if engine not in ENGINES:
+            raise ValueError(f"data.engine={engine!r} is invalid: must be one of {', '.join(map(repr, ENGINES))}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"data.batch_size={batch_size!r} is invalid: must be a positive integer")
+        if not isinstance(max_attempts_factor, int) or max_attempts_factor < 1:
+            raise ValueError(f"data.max_attempts_factor={max_attempts_factor!r} is invalid: must be a positive integer")
+        self.task = build_task(task, **(task_kwargs or {}))
+        self.gconfig = gconfig or GenerationConfig()
+        self.batch_size = batch_size
+        self.engine_name = engine
+        self.dynamic_filter_fn = dynamic_filter_fn
+        self.accept: Callable[[RolloutBatch], bool] | None = (
+            import_function(dynamic_filter_fn, "data.dynamic_filter_fn") if dynamic_filter_fn else None)
+        self.dynamic_bs = dynamic_bs
+        self.max_attempts_factor = max_attempts_factor
+        self.system_prompt = system_prompt
+        self.seed = seed
+        self.engine: RolloutEngine | None = None
+        self.workflow: SingleTurnWorkflow | None = None
+        # Position in the prompt stream and the number of generate calls: the resumable state.
+        self.epoch = 0
+        self.cursor = 0
+        self.requests = 0
+        self._empty_in_a_row = 0
+
+    # ------------------------------------------------------------------ sampling distribution
+    def sampling_params(self, tokenizer) -> SamplingParams:
+        """The sampling distribution of every request (the trainer recomputes log-probs under it)."""
+        g = self.gconfig
+        allowed = self.task.allowed_completion_tokens(tokenizer) if g.restrict_to_task_tokens else None
+        return SamplingParams(n=g.n_samples, max_new_tokens=g.max_new_tokens, temperature=g.temperature,
+                              top_k=g.top_k, top_p=g.top_p, stop_token_ids=list(g.stop_token_ids),
+                              allowed_token_ids=allowed)
+
+    # ------------------------------------------------------------------ Lightning hooks
+    def train_dataloader(self) -> Iterator[RolloutBatch]:
+        module = self.trainer.lightning_module
+        if self.engine is None:
+            self.engine = self._build_engine(module)
+        self.workflow = SingleTurnWorkflow(module.tokenizer, self.task, self.sampling_params(module.tokenizer),
+                                           self.system_prompt)
+        return self._stream()
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "cursor": self.cursor, "requests": self.requests}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.cursor, self.requests = state["epoch"], state["cursor"], state["requests"]
+
+    def _build_engine(self, module) -> RolloutEngine:
+        if self.engine_name == "hf":
+            from lit_ppo.rollout.hf_engine import HFEngine
+
+            engine = HFEngine(module.policy, module.tokenizer, device=module.device)
+        else:
+            from lit_ppo.rollout.vllm_engine import VLLMEngine
+
+            engine = VLLMEngine(module.policy, module.tokenizer, seed=self.seed + self.trainer.global_rank)
+        engine.version = module.version
+        return engine
+
+    # ------------------------------------------------------------------ the stream
+    def _shard(self) -> list[int]:
+        """This rank's prompt indices for the current epoch."""
+        problems = self.task.problems("train")
+        order = torch.randperm(len(problems), generator=torch.Generator().manual_seed(_seed(self.seed, self.epoch)))
+        rank, world = self.trainer.global_rank, self.trainer.world_size
+        return order[rank::world].tolist()
+
+    def _next_problems(self, k: int):
+        problems = self.task.problems("train")
+        out = []
+        while len(out) < k:
+            shard = self._shard()
+            if not shard:
+                raise ValueError(f"task {self.task.name!r} has fewer train problems than ranks")
+            take = shard[self.cursor:self.cursor + k - len(out)]
+            out += [problems[i] for i in take]
+            self.cursor += len(take)
+            if self.cursor >= len(shard):
+                self.epoch, self.cursor = self.epoch + 1, 0
+        return out
+
+    def _stream(self) -> Iterator[RolloutBatch]:
+        while True:
+            yield self.collect()
+
+    def collect(self) -> RolloutBatch:
+        """One iteration's batch: generate, score and filter groups until it is full."""
+        start = time.perf_counter()
+        accepted: list[RolloutBatch] = []
+        tried = rejected = 0
+        limit = self.batch_size * self.max_attempts_factor
+        while True:
+            wanted = self.batch_size - (tried if self.dynamic_bs else len(accepted))
+            if wanted <= 0:
+                break
+            if not self.dynamic_bs and tried >= limit:
+                raise RuntimeError(
+                    f"data.dynamic_filter_fn={self.dynamic_filter_fn!r} accepted {len(accepted)} of {tried} groups, "
+                    f"fewer than data.batch_size={self.batch_size} within data.max_attempts_factor="
+                    f"{self.max_attempts_factor}: loosen the filter, raise the factor, or use data.dynamic_bs=true")
+            seed = _seed(self.seed, self.trainer.global_rank, self.requests)
+            self.requests += 1
+            rollout = self.workflow.run(self.engine, self._next_problems(wanted), seed=seed)
+            start_row = 0
+            for size in rollout.group_sizes.tolist():
+                group = rollout.select(list(range(start_row, start_row + size)))
+                group.group_sizes = torch.tensor([size])
+                start_row += size
+                tried += 1
+                if self.accept is None or self.accept(group):
+                    accepted.append(group)
+                else:
+                    rejected += 1
+        metrics = {"rollout/accepted": float(len(accepted)), "rollout/rejected": float(rejected),
+                   "time/generate_s": time.perf_counter() - start}
+        if not accepted:
+            self._empty_in_a_row += 1
+            if self._empty_in_a_row >= self.max_attempts_factor:
+                raise RuntimeError(
+                    f"data.dynamic_filter_fn={self.dynamic_filter_fn!r} accepted no group in {self._empty_in_a_row} "
+                    f"consecutive iterations (data.max_attempts_factor={self.max_attempts_factor}): loosen the filter")
+            batch = _empty_batch()
+        else:
+            self._empty_in_a_row = 0
+            batch = RolloutBatch.concat(accepted, pad_id=self.workflow.pad_id)
+        batch.metrics = metrics
+        return batch
+
+
+def _empty_batch() -> RolloutBatch:
+    empty_long = torch.zeros(0, 0, dtype=torch.long)
+    empty_bool = torch.zeros(0, 0, dtype=torch.bool)
+    return RolloutBatch(input_ids=empty_long, attention_mask=empty_bool, loss_mask=empty_bool,
+                        behave_logp=torch.zeros(0, 0), versions=empty_long, turn_ids=empty_long,
+                        rewards=torch.zeros(0), truncated=torch.zeros(0, dtype=torch.bool),
+                        group_sizes=torch.zeros(0, dtype=torch.long))

@@ -1,0 +1,375 @@
+"""LitPPO: the policy, an optional critic and a frozen reference, trained by one RL iteration per step.
+
+``training_step`` reads as the algorithm: pull the rollout batch generated with the current
+weights, compute old / reference log-probs and values without gradients, compute advantages, then
+update the actor over ``ppo_n_minibatches`` minibatches and the critic over its own, and log one
+set of metrics. Every loss is normalised by the global token count of its minibatch, so results do
+not depend on micro-batching or world size.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import lightning as L
+import torch
+import torch.distributed as dist
+
+from lit_ppo.algos import compute_advantages, policy_loss, value_loss
+from lit_ppo.config import OptimizerConfig, PPOActorConfig, PPOCriticConfig
+from lit_ppo.models import build_critic, build_reference, load_causal_lm, token_logprobs
+from lit_ppo.rollout.batch import RolloutBatch
+from lit_ppo.rollout.engine import SamplingParams
+from lit_ppo.sampling import allowed_mask
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ModelConfig:
+    """Which language model to train."""
+
+    source: str = "tiny"
+    """'tiny' (built locally), 'smollm2' (SmolLM2-135M-Instruct from its wheel) or a local HF model directory."""
+    dtype: str = "float32"
+    """Weight dtype: 'float32', 'bfloat16' or 'float16' (mixed precision is trainer.precision)."""
+    cache_dir: str | None = None
+    """Where built / converted models are cached; None for $LIT_PPO_CACHE or ~/.cache/lit_ppo."""
+    logprob_chunk_size: int = 1024
+    """Positions per LM-head chunk when computing log-probs (bounds the [tokens, vocab] logits held at once)."""
+    gradient_checkpointing: bool = False
+    """Recompute transformer activations in the backward pass (less memory, more compute)."""
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"model.dtype={self.dtype!r} is invalid: must be one of {', '.join(map(repr, DTYPES))}")
+        if not isinstance(self.logprob_chunk_size, int) or self.logprob_chunk_size < 1:
+            raise ValueError(f"model.logprob_chunk_size={self.logprob_chunk_size!r} is invalid: must be a positive integer")
+
+
+def _lr_lambda(cfg: OptimizerConfig, total_steps: int):
+    """Multiplier of the peak lr after ``step`` RL iterations: linear warmup, then the schedule."""
+
+    def multiplier(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        if cfg.lr_schedule == "constant" or total_steps <= cfg.warmup_steps:
+            return 1.0
+        progress = min(1.0, (step - cfg.warmup_steps) / (total_steps - cfg.warmup_steps))
+        decay = 1.0 - progress if cfg.lr_schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
+
+    return multiplier
+
+
+def balanced_partition(weights: list[int], parts: int) -> list[list[int]]:
+    """Split item indices into ``parts`` lists of near-equal total weight (longest first to the
+    lightest part); each list keeps the original order. Parts may be empty when items are few."""
+    bins: list[list[int]] = [[] for _ in range(parts)]
+    loads = [0] * parts
+    for i in sorted(range(len(weights)), key=lambda i: -weights[i]):
+        lightest = min(range(parts), key=loads.__getitem__)
+        bins[lightest].append(i)
+        loads[lightest] += weights[i]
+    return [sorted(b) for b in bins]
+
+
+def micro_batches(rows: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Consecutive groups of rows whose padded size (rows x longest row) stays within ``max_tokens``;
+    a single row longer than the budget forms its own micro-batch."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for r in rows:
+        if current and (len(current) + 1) * max(longest, lengths[r]) > max_tokens:
+            out.append(current)
+            current, longest = [], 0
+        current.append(r)
+        longest = max(longest, lengths[r])
+    if current:
+        out.append(current)
+    return out
+
+
+@dataclass
+class _MetricSum:
+    """Token-weighted running sums of per-micro-batch statistics."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+
+    def add(self, stats: dict[str, torch.Tensor], weight: float, prefix: str) -> None:
+        for name, value in stats.items():
+            key = f"{prefix}/{name}"
+            self.sums[key] = self.sums.get(key, 0.0) + float(value) * weight
+            self.weights[key] = self.weights.get(key, 0.0) + weight
+
+    def means(self) -> dict[str, float]:
+        return {k: self.sums[k] / max(self.weights[k], 1e-12) for k in self.sums}
+
+
+class LitPPO(L.LightningModule):
+    """The PPO family as one LightningModule (manual optimization, one RL iteration per step).
+
+    Args:
+        model: the language model to train (policy; the critic and reference start as copies of it).
+        actor: algorithm and optimisation settings of the policy.
+        critic: settings of the critic; None trains without one (V = 0, GRPO-style).
+        algo: preset name, recorded as the run's ``algo`` tag.
+    """
+
+    def __init__(self, model: ModelConfig | None = None, actor: PPOActorConfig | None = None,
+                 critic: PPOCriticConfig | None = None, algo: str = "custom"):
+        super().__init__()
+        self.automatic_optimization = False
+        self.model_cfg = model or ModelConfig()
+        self.actor_cfg = actor or PPOActorConfig()
+        self.critic_cfg = critic
+        self.algo = algo
+        self.policy, self.tokenizer = load_causal_lm(self.model_cfg.source, self.model_cfg.cache_dir,
+                                                     DTYPES[self.model_cfg.dtype])
+        self.policy.train()  # from_pretrained returns eval mode; Lightning keeps submodule modes
+        if self.model_cfg.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable()
+        self.critic = build_critic(self.policy) if critic is not None else None
+        # kl_ctl > 0 always gets a reference model (AReaL silently used log pi_ref = 0 without one).
+        self.ref = build_reference(self.policy) if self.actor_cfg.kl_ctl > 0 else None
+        self.version = 0
+        """Policy version: the number of completed updates; the engine samples with this version."""
+        self.sampling: SamplingParams | None = None
+        self._allowed: torch.Tensor | None = None
+        self.last_batch: RolloutBatch | None = None
+        """The batch of the latest iteration (for sample logging)."""
+
+    # ------------------------------------------------------------------ setup
+    def configure_optimizers(self):
+        total = self.trainer.max_steps if self.trainer and self.trainer.max_steps > 0 else 0
+        configs = [(self.policy.parameters(), self.actor_cfg.optimizer)]
+        if self.critic is not None:
+            configs.append((self.critic.parameters(), self.critic_cfg.optimizer))
+        optimizers, schedulers = [], []
+        for params, cfg in configs:
+            opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                    weight_decay=cfg.weight_decay)
+            optimizers.append(opt)
+            schedulers.append(torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg, total)))
+        return optimizers, schedulers
+
+    def configure_callbacks(self):
+        from lit_ppo.callbacks.weight_sync import WeightSync
+
+        return [WeightSync()]
+
+    def on_fit_start(self) -> None:
+        datamodule = self.trainer.datamodule
+        if datamodule is None or not hasattr(datamodule, "sampling_params"):
+            raise RuntimeError("LitPPO trains on a RolloutDataModule (trainer.fit(model, datamodule=...))")
+        self.sampling = datamodule.sampling_params(self.tokenizer)
+        if self.sampling.temperature != self.actor_cfg.temperature:
+            raise ValueError(f"actor.temperature={self.actor_cfg.temperature} must equal the sampling temperature "
+                             f"data.gconfig.temperature={self.sampling.temperature}")
+        self._allowed = allowed_mask(self.sampling.allowed_token_ids, self.policy.get_output_embeddings().weight.shape[0],
+                                     self.device)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["policy_version"] = self.version
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.version = checkpoint["policy_version"]
+
+    # ------------------------------------------------------------------ forward passes
+    def _logprobs(self, model, batch: RolloutBatch, with_entropy: bool = False):
+        return token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=self.sampling.temperature,
+                              top_k=self.sampling.top_k, top_p=self.sampling.top_p, allowed=self._allowed,
+                              loss_mask=batch.loss_mask, chunk_size=self.model_cfg.logprob_chunk_size,
+                              with_entropy=with_entropy)
+
+    @torch.no_grad()
+    def _no_grad_pass(self, fn, batch: RolloutBatch, max_tokens: int) -> list[torch.Tensor]:
+        """Apply ``fn(sub_batch)`` micro-batch by micro-batch; stitch its ``[b, t]`` / ``[b]`` outputs
+        back into ``[B, T]`` / ``[B]`` tensors (sub-batches are trimmed to their longest row)."""
+        B, T = batch.input_ids.shape
+        lengths = batch.attention_mask.sum(1).tolist()
+        outputs: list[torch.Tensor] = []
+        for rows in micro_batches(list(range(B)), lengths, max_tokens):
+            result = fn(batch.select(rows))
+            result = result if isinstance(result, tuple) else (result,)
+            if not outputs:
+                outputs = [r.new_zeros((B, T) if r.dim() == 2 else (B,)) for r in result]
+            idx = torch.as_tensor(rows, device=self.device)
+            for out, r in zip(outputs, result):
+                if r.dim() == 2:
+                    out[idx, :r.shape[1]] = r
+                else:
+                    out[idx] = r
+        return outputs
+
+    # ------------------------------------------------------------------ the RL iteration
+    def training_step(self, dataloader_iter):
+        batch: RolloutBatch = next(dataloader_iter)[0]  # generated now, with the weights of self.version
+        start = time.perf_counter()
+        metrics = dict(batch.metrics)
+        self.last_batch = batch
+        if batch.num_rows == 0:  # dynamic batch size: every group was filtered out
+            self._log_iteration(metrics, start, n_tokens=0)
+            return
+        batch = self.last_batch = batch.to(self.device)
+        self._check_on_policy(batch)
+        cfg = self.actor_cfg
+        mask = batch.loss_mask
+
+        needs_prox = cfg.recompute_logprob or cfg.use_decoupled_loss
+        if needs_prox:
+            (prox_logp,) = self._no_grad_pass(lambda b: self._logprobs(self.policy, b)[0], batch, cfg.mb_max_tokens)
+            metrics["mismatch/logp_abs_diff"] = float(((prox_logp - batch.behave_logp).abs() * mask).sum()
+                                                      / mask.sum().clamp(min=1))
+        else:
+            prox_logp = batch.behave_logp  # on-policy: the behaviour log-probs are the old log-probs
+        ref_logp = None
+        if self.ref is not None:
+            (ref_logp,) = self._no_grad_pass(lambda b: self._logprobs(self.ref, b)[0], batch, cfg.mb_max_tokens)
+        values = final_values = None
+        if self.critic is not None:
+            values, final_values = self._no_grad_pass(
+                lambda b: self.critic.values(b.input_ids, b.attention_mask), batch, self.critic_cfg.mb_max_tokens)
+
+        adv = compute_advantages(
+            batch.rewards, mask, cfg, group_sizes=batch.group_sizes,
+            old_logp=batch.behave_logp if cfg.use_decoupled_loss else prox_logp, ref_logp=ref_logp,
+            values=values, final_values=final_values, truncated=batch.truncated, turn_ids=batch.turn_ids)
+
+        sums = _MetricSum()
+        self._update_actor(batch, prox_logp, adv.advantages, sums)
+        if self.critic is not None:
+            self._update_critic(batch, values, adv.returns, sums)
+        for scheduler in self._schedulers():
+            scheduler.step()
+        self.version += 1
+
+        n_tokens = int(mask.sum())
+        metrics.update(sums.means())
+        metrics.update({
+            "rollout/reward_mean": float(batch.rewards.mean()),
+            "rollout/response_length": float(batch.response_lengths.float().mean()),
+            "rollout/truncated_fraction": float(batch.truncated.float().mean()),
+            "actor/advantage_abs_mean": float((adv.advantages.abs() * mask).sum() / mask.sum().clamp(min=1)),
+            "actor/kl_reward": float(adv.kl_rewards.sum() / mask.sum().clamp(min=1)),
+            "actor/lr": self._optimizers()[0].param_groups[0]["lr"],
+        })
+        if values is not None:
+            returns = adv.returns[mask]
+            metrics["critic/explained_variance"] = float(1 - (returns - values[mask]).var() / returns.var().clamp(min=1e-8))
+        self._log_iteration(metrics, start, n_tokens)
+
+    def _check_on_policy(self, batch: RolloutBatch) -> None:
+        versions = batch.versions[batch.loss_mask]
+        if versions.numel() and bool((versions != self.version).any()):
+            raise RuntimeError(f"rollout batch was generated by policy versions {versions.unique().tolist()}, "
+                               f"the policy is at version {self.version}: synchronous training must be on-policy")
+
+    def _optimizers(self):
+        opts = self.optimizers()
+        return opts if isinstance(opts, list) else [opts]
+
+    def _schedulers(self):
+        schedulers = self.lr_schedulers()
+        if schedulers is None:
+            return []
+        return schedulers if isinstance(schedulers, list) else [schedulers]
+
+    def _world_sum(self, value: float) -> float:
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            t = torch.tensor(float(value), device=self.device, dtype=torch.float64)
+            dist.all_reduce(t)
+            return float(t)
+        return float(value)
+
+    def _step(self, optimizer_index: int, params, clip: float | None, last: bool) -> float:
+        """Clip and apply the gradients; only the last actor step of an iteration goes through
+        Lightning's optimizer, which counts it as the one global step of the iteration."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf"))
+        optimizer = self._optimizers()[optimizer_index]
+        if last:
+            optimizer.step()
+        else:
+            optimizer.optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm)
+
+    def _update_actor(self, batch: RolloutBatch, old_logp: torch.Tensor, advantages: torch.Tensor,
+                      sums: _MetricSum) -> None:
+        cfg = self.actor_cfg
+        world = self.trainer.world_size
+        lengths = batch.attention_mask.sum(1).tolist()
+        tokens = batch.loss_mask.sum(1)
+        minibatches = balanced_partition(tokens.tolist(), min(cfg.ppo_n_minibatches, batch.num_rows))
+        for i, rows in enumerate(minibatches):
+            n_tokens = self._world_sum(int(tokens[rows].sum()))
+            n_seqs = self._world_sum(int((tokens[rows] > 0).sum()))
+            for mb_rows in self._equalised_micro_batches(rows, lengths, cfg.mb_max_tokens):
+                sub = batch.select(mb_rows) if mb_rows else batch.select(rows[:1])
+                idx = torch.as_tensor(mb_rows if mb_rows else rows[:1], device=self.device)
+                width = sub.input_ids.shape[1]
+                logp, entropy = self._logprobs(self.policy, sub, with_entropy=True)
+                loss, stats = policy_loss(logp, old_logp[idx, :width], advantages[idx, :width], sub.loss_mask, cfg,
+                                          behave_logp=sub.behave_logp, num_tokens=n_tokens, num_seqs=n_seqs,
+                                          entropy=entropy)
+                if not mb_rows:  # padding micro-batch: joins the collective with a zero gradient
+                    loss = loss * 0.0
+                # DDP/FSDP average gradients over ranks; the loss is already a global mean.
+                self.manual_backward(loss * world)
+                if mb_rows:
+                    sums.add(stats, float(sub.loss_mask.sum()), "actor")
+            grad_norm = self._step(0, self.policy.parameters(), cfg.optimizer.gradient_clipping,
+                                   last=i == len(minibatches) - 1)
+            sums.add({"grad_norm": torch.tensor(grad_norm)}, 1.0, "actor")
+
+    def _update_critic(self, batch: RolloutBatch, old_values: torch.Tensor, returns: torch.Tensor,
+                       sums: _MetricSum) -> None:
+        cfg = self.critic_cfg
+        world = self.trainer.world_size
+        lengths = batch.attention_mask.sum(1).tolist()
+        tokens = batch.loss_mask.sum(1)
+        for rows in balanced_partition(tokens.tolist(), min(cfg.ppo_n_minibatches, batch.num_rows)):
+            n_tokens = self._world_sum(int(tokens[rows].sum()))
+            for mb_rows in self._equalised_micro_batches(rows, lengths, cfg.mb_max_tokens):
+                sub = batch.select(mb_rows) if mb_rows else batch.select(rows[:1])
+                idx = torch.as_tensor(mb_rows if mb_rows else rows[:1], device=self.device)
+                width = sub.input_ids.shape[1]
+                values, _ = self.critic.values(sub.input_ids, sub.attention_mask)
+                loss, stats = value_loss(values, old_values[idx, :width], returns[idx, :width], sub.loss_mask,
+                                         eps_clip=cfg.eps_clip, num_tokens=n_tokens)
+                if not mb_rows:
+                    loss = loss * 0.0
+                self.manual_backward(loss * world)
+                if mb_rows:
+                    sums.add(stats, float(sub.loss_mask.sum()), "critic")
+            grad_norm = self._step(1, self.critic.parameters(), cfg.optimizer.gradient_clipping, last=False)
+            sums.add({"grad_norm": torch.tensor(grad_norm)}, 1.0, "critic")
+
+    def _equalised_micro_batches(self, rows: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
+        """Micro-batches of ``rows``, padded with empty ones up to the largest count over ranks."""
+        mbs = micro_batches(rows, lengths, max_tokens)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            count = torch.tensor(len(mbs), device=self.device)
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+            mbs += [[] for _ in range(int(count) - len(mbs))]
+        return mbs
+
+    # ------------------------------------------------------------------ metrics
+    def _log_iteration(self, metrics: dict[str, float], start: float, n_tokens: int) -> None:
+        """One all-reduce (mean over ranks) for every metric of the iteration, then log them."""
+        train_s = time.perf_counter() - start
+        metrics["time/train_s"] = train_s
+        generate_s = metrics.get("time/generate_s", 0.0)
+        metrics["perf/tokens_per_s"] = n_tokens / max(train_s + generate_s, 1e-9)
+        names = sorted(metrics)
+        values = torch.tensor([float(metrics[k]) for k in names], dtype=torch.float64, device=self.device)
+        values = self.trainer.strategy.reduce(values, reduce_op="mean")
+        logged = dict(zip(names, values.tolist()))
+        # batch_size only silences Lightning's epoch-averaging bookkeeping; nothing is averaged here.
+        self.log_dict(logged, on_step=True, on_epoch=False, sync_dist=False, batch_size=1)
+        self.log("reward", logged.get("rollout/reward_mean", 0.0), prog_bar=True, logger=False, batch_size=1)
+        self.log("step_s", train_s + generate_s, prog_bar=True, logger=False, batch_size=1)

@@ -1,0 +1,168 @@
+"""HFEngine: a rollout engine on a plain transformers causal LM (CPU and GPU, always available).
+
+The engine keeps its own copy of the policy weights, so sampling never touches the trainer's
+parameters, and decodes a batch of left-padded prompts step by step with the model's KV cache.
+Each step samples from ``lit_ppo.sampling.sampling_logits`` (allowed tokens, temperature, top-k,
+top-p) and records the log-prob of the sampled token under exactly that distribution: the
+trainer's recompute with ``sampling_logprobs`` gives the same number.
+
+Randomness is per sample: sample ``j`` of prompt ``i`` draws its uniforms from a generator seeded
+with a hash of ``(seed, i, j)``. A completion therefore depends only on its prompt, its index and
+the seed, not on which other rows share its batch, how much padding they add or ``max_batch_size``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import secrets
+from typing import Iterable
+
+import torch
+
+from lit_ppo.rollout.engine import Completion, SamplingParams
+from lit_ppo.sampling import allowed_mask, sampling_logits
+
+
+class HFEngine:
+    """Batched KV-cache sampling on a transformers ``*ForCausalLM`` (implements ``RolloutEngine``).
+
+    Args:
+        model: the policy; deep-copied at construction (eval mode, no grad), so later training
+            steps do not change the engine until ``update_weights``.
+        tokenizer: provides ``eos_token_id`` (always a stop token) and ``pad_token_id``.
+        device: where the engine's copy lives; None keeps the model's device.
+        max_batch_size: most sequences decoded together; more rows are decoded in chunks.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer, *, device: torch.device | str | None = None,
+                 max_batch_size: int = 256):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size={max_batch_size} is invalid: must be >= 1")
+        self.model = copy.deepcopy(model)
+        if device is not None:
+            self.model.to(device)
+        self.model.eval().requires_grad_(False)
+        self.device = next(self.model.parameters()).device
+        self.max_batch_size = max_batch_size
+        self.eos_token_id = tokenizer.eos_token_id
+        # The pad id only fills left padding that the attention mask hides; any valid id works.
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        # Tied weights appear under every alias (e.g. lm_head.weight and embed_tokens.weight), so the
+        # trainer may push either name.
+        self._params = dict(self.model.named_parameters(remove_duplicate=False))
+        self.version = 0
+
+    # ------------------------------------------------------------------ generation
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        """``params.n`` completions for each prompt, in prompt order (see the module docstring)."""
+        if params.n < 1 or params.max_new_tokens < 1:
+            raise ValueError(f"n={params.n} and max_new_tokens={params.max_new_tokens} must be >= 1")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        stop_ids = set(params.stop_token_ids)
+        if self.eos_token_id is not None:
+            stop_ids.add(self.eos_token_id)
+        stop = torch.tensor(sorted(stop_ids), dtype=torch.long, device=self.device)
+        allowed = allowed_mask(params.allowed_token_ids, self.model.config.vocab_size, self.device)
+        seed = params.seed if params.seed is not None else secrets.randbits(63)
+
+        rows = [(i, j) for i in range(len(prompts)) for j in range(params.n)]
+        out: list[list[Completion]] = [[] for _ in prompts]
+        for start in range(0, len(rows), self.max_batch_size):
+            chunk = rows[start:start + self.max_batch_size]
+            completions = self._decode([prompts[i] for i, _ in chunk],
+                                       [_sample_seed(seed, i, j) for i, j in chunk], params, stop, allowed)
+            for (i, _), completion in zip(chunk, completions):
+                out[i].append(completion)  # rows are in (prompt, sample) order
+        return out
+
+    def _decode(self, prompts: list[list[int]], seeds: list[int], params: SamplingParams,
+                stop: torch.Tensor, allowed: torch.Tensor | None) -> list[Completion]:
+        """Sample one completion per row of ``prompts`` (one decoding batch)."""
+        B, width, steps = len(prompts), max(len(p) for p in prompts), params.max_new_tokens
+        input_ids = torch.full((B, width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((B, width), dtype=torch.long)
+        for r, p in enumerate(prompts):
+            input_ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            attention_mask[r, width - len(p):] = 1
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        # Left padding must not shift positions: each row counts from its first real token.
+        position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+        # All uniforms of a row come from its own CPU generator, so the row's samples do not depend
+        # on the batch around it or on the device.
+        uniforms = torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(s)) for s in seeds])
+        uniforms = uniforms.to(self.device)
+
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=True, logits_to_keep=1)
+        tokens = torch.zeros((B, steps), dtype=torch.long, device=self.device)
+        logprobs = torch.zeros((B, steps), dtype=torch.float32, device=self.device)
+        lengths = torch.full((B,), steps, dtype=torch.long, device=self.device)
+        stopped = torch.zeros(B, dtype=torch.bool, device=self.device)
+        positions = position_ids[:, -1:]
+        for t in range(steps):
+            logp = sampling_logits(out.logits[:, -1], temperature=params.temperature, top_k=params.top_k,
+                                   top_p=params.top_p, allowed=allowed).log_softmax(-1)
+            token = _inverse_cdf(logp.exp(), uniforms[:, t])
+            tokens[:, t] = token
+            logprobs[:, t] = logp.gather(1, token[:, None]).squeeze(1)
+            # Finished rows keep decoding (cheaper than reshaping the cache); their extra tokens are
+            # cut off below by ``lengths``.
+            newly = ~stopped & torch.isin(token, stop)
+            lengths[newly] = t + 1
+            stopped |= newly
+            if t + 1 == steps or bool(stopped.all()):
+                break
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((B, 1))], 1)
+            positions = positions + 1
+            out = self.model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=positions,
+                             past_key_values=out.past_key_values, use_cache=True)
+
+        tokens, logprobs, lengths, stopped = tokens.cpu(), logprobs.cpu(), lengths.tolist(), stopped.tolist()
+        return [Completion(token_ids=tokens[r, :lengths[r]].tolist(), logprobs=logprobs[r, :lengths[r]].tolist(),
+                           stopped=stopped[r]) for r in range(B)]
+
+    # ------------------------------------------------------------------ weights and memory
+    @torch.no_grad()
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy each ``(name, tensor)`` in place into the engine's parameter of that name.
+
+        Tensors are consumed one at a time (a generator is fine), so no second full set of weights
+        is ever held; ``copy_`` casts dtype and moves device as needed.
+        """
+        for name, tensor in weights:
+            param = self._params.get(name)
+            if param is None:
+                raise ValueError(f"update_weights: the engine's model has no parameter named {name!r}")
+            if param.shape != tensor.shape:
+                raise ValueError(f"update_weights: {name!r} has shape {tuple(tensor.shape)}, "
+                                 f"the engine's parameter has {tuple(param.shape)}")
+            param.copy_(tensor)
+        self.version = version
+
+    def sleep(self) -> None:
+        """No-op: the KV cache lives only inside ``generate``, and the weights are needed next time."""
+
+    def wake(self) -> None:
+        """No-op (see ``sleep``)."""
+
+
+def _sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
+    """A 63-bit seed for one sample; hashing keeps streams of different (seed, i, j) unrelated."""
+    digest = hashlib.blake2b(f"{seed}:{prompt_index}:{sample_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Token ``[B]`` drawn from ``probs`` ``[B, V]`` with one uniform ``u`` ``[B]`` in [0, 1) per row.
+
+    Picks the first token whose cumulative probability exceeds ``u`` times the total. A token with
+    probability 0 never has a strictly larger cumulative sum than the token before it, so it can
+    never be picked; float64 keeps the sums monotone and precise over large vocabularies.
+    """
+    cdf = probs.double().cumsum(-1)
+    target = u.double() * cdf[:, -1]
+    index = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)
+    return index.clamp_(max=probs.shape[-1] - 1)
