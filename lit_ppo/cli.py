@@ -81,9 +81,6 @@ def _explain_hydra_error(error: Exception, overrides: list[str]) -> str:
             value = override.split("=", 1)[1] if "=" in override else ""
             return f"{key}={value} is invalid: must be one of {', '.join(group_options(key))}"
         if f"'{key}'" in text or f"Key '{key.rsplit('.', 1)[-1]}'" in text:
-            section, _, name = key.rpartition(".")
-            if name in _known_keys().get(section.split(".")[0], []):
-                return f"{key} is not set by the chosen presets: add it with +{override.lstrip('+~')}"
             return f"{key} is not a key{_suggest(key)}"
     return text
 
@@ -103,6 +100,32 @@ def _suggest(key: str) -> str:
     return f" (did you mean {section}.{close[0]}?)" if close else ""
 
 
+def _is_group(override: str) -> bool:
+    key = override.lstrip("+~").split("=", 1)[0]
+    return "." not in key and (conf_dir() / key).is_dir()
+
+
+def _add_known_keys(overrides: list[str], composed) -> list[str]:
+    """``section.field=value`` for a field the presets do not set becomes ``+section.field=value``:
+    every dataclass field can be overridden without knowing which keys a preset writes."""
+    from omegaconf import OmegaConf
+
+    known = _known_keys()
+    out = []
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        parts = key.split(".")
+        absent = OmegaConf.select(composed, key, default=_ABSENT) is _ABSENT
+        if (override[0] not in "+~" and not _is_group(override) and len(parts) >= 2 and absent
+                and parts[1] in known.get(parts[0], ())):
+            override = "+" + override
+        out.append(override)
+    return out
+
+
+_ABSENT = object()
+
+
 def compose(overrides: list[str]) -> dict:
     """The Hydra-composed config for ``overrides``, resolved, as LightningCLI's tree."""
     from hydra import compose as hydra_compose
@@ -114,6 +137,8 @@ def compose(overrides: list[str]) -> dict:
     _register_resolvers()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            presets = hydra_compose(config_name="config", overrides=[o for o in overrides if _is_group(o)])
+            overrides = _add_known_keys(overrides, presets)
             cfg = hydra_compose(config_name="config", overrides=overrides)
         tree = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except (HydraException, OmegaConfBaseException) as e:

@@ -54,8 +54,13 @@ def test_pip_install_into_a_fresh_venv(tmp_path):
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", str(REPO)],
-                   check=True, cwd=tmp_path, env={**os.environ, "PIP_NO_INDEX": "1"})
+    # Build with this environment's setuptools (no download), install the wheel like any user would.
+    offline = {**os.environ, "PIP_NO_INDEX": "1"}
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", str(REPO),
+                    "-w", str(tmp_path / "dist")], check=True, cwd=tmp_path, env=offline)
+    wheel = next((tmp_path / "dist").glob("lit_ppo-*.whl"))
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)], check=True,
+                   cwd=tmp_path, env=offline)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     where = subprocess.run([str(python), "-c", "import lit_ppo, lit_ppo.conf, lit_ppo.callbacks.samples as s; "

@@ -29,12 +29,11 @@ def error_of(capsys, *args: str) -> str:
 @pytest.mark.parametrize("args,expected", [
     (["algo=nope"], "algo=nope is invalid: must be one of dapo, dapo_dynamic_bs, drgrpo, grpo, gspo, icepop, kpop"),
     (["actor.eps_clp=0.3"], "actor.eps_clp is not a key (did you mean actor.eps_clip?)"),
-    (["actor.eps_clip_higher=0.3"], "actor.eps_clip_higher is not set by the chosen presets: add it with +actor.eps_clip_higher=0.3"),
     (["+actor.eps_clp=0.3"], "actor.eps_clp is not a key (did you mean actor.eps_clip?)"),
-    (["algo=dapo", "actor.eps_clip=abc"], "eps_clip='abc' is invalid: must be a finite number >= 0.0"),
+    (["actor.eps_clip=abc"], "eps_clip='abc' is invalid: must be a finite number >= 0.0"),
     (["algo=sapo", "actor.use_decoupled_loss=true"], "use_decoupled_loss=True is invalid: must be false with SAPO"),
     (["rejection=kpop", "actor.rejection_sampling.action=clamp"], "action='clamp' is invalid: must be 'mask' for metric 'binary_kl'"),
-    (["+actor.gae_timestep_unit=episode"], "gae_timestep_unit='episode' is invalid: must be one of 'token', 'turn'"),
+    (["actor.gae_timestep_unit=episode"], "gae_timestep_unit='episode' is invalid: must be one of 'token', 'turn'"),
     (["+actor.gae_lambda=no.such.module.fn"], "gae_lambda='no.such.module.fn' cannot be imported"),
     (["gconfig.temperature=0.7"], "actor.temperature=1.0 must equal gconfig.temperature=0.7"),
     (["data.batch_size=0"], "data.batch_size=0 is invalid: must be a positive integer"),
@@ -59,6 +58,14 @@ def test_yaml_plus_overrides_is_refused(capsys, tmp_path):
     assert "not both" in error_of(capsys, "--config", str(path), "algo=grpo")
 
 
+def test_fields_the_presets_do_not_set_need_no_plus():
+    from lit_ppo.cli import compose
+
+    tree = compose(["algo=grpo", "actor.eps_clip_higher=0.28", "+actor.use_sapo_loss=true", "data.dynamic_bs=true"])
+    assert tree["model"]["actor"]["eps_clip_higher"] == 0.28 and tree["model"]["actor"]["use_sapo_loss"] is True
+    assert tree["data"]["dynamic_bs"] is True
+
+
 def test_unknown_subcommand(capsys):
     assert main(["train"]) == 2
     assert "unknown subcommand 'train'" in capsys.readouterr().err
@@ -68,7 +75,7 @@ def test_unknown_subcommand(capsys):
 def test_real_process_exit_code_and_no_traceback(cli):
     result = cli("fit", "algo=grpo", "actor.eps_clip=-1")
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == "error: eps_clip=-1 is invalid: must be a finite number >= 0.0"
+    assert result.stderr.strip().splitlines()[-1] == "error: actor.eps_clip=-1 is invalid: must be a finite number >= 0.0"
     assert "Traceback" not in result.stderr
     assert not (cli.cwd / "cache").exists()  # nothing was built
 
