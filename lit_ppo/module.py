@@ -25,6 +25,8 @@ from lit_ppo.rollout.engine import SamplingParams
 from lit_ppo.sampling import allowed_mask
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MISMATCH_STATS = ("behave_imp_weight", "behave_approx_kl", "filtered_fraction")
+"""Policy-loss statistics of the behaviour policy vs the proximal policy, logged under mismatch/."""
 
 
 @dataclass
@@ -287,8 +289,9 @@ class LitPPO(L.LightningModule):
         return float(value)
 
     def _step(self, optimizer_index: int, params, clip: float | None, last: bool) -> float:
-        """Clip and apply the gradients; only the last actor step of an iteration goes through
-        Lightning's optimizer, which counts it as the one global step of the iteration."""
+        """Clip and apply the gradients. Lightning counts every step of its optimizer wrapper as a
+        global step; ``last`` marks the one step per RL iteration that goes through it, so that
+        trainer.max_steps counts iterations. The others step the wrapped torch optimizer directly."""
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf"))
         optimizer = self._optimizers()[optimizer_index]
         if last:
@@ -301,53 +304,61 @@ class LitPPO(L.LightningModule):
     def _update_actor(self, batch: RolloutBatch, old_logp: torch.Tensor, advantages: torch.Tensor,
                       sums: _MetricSum) -> None:
         cfg = self.actor_cfg
-        world = self.trainer.world_size
-        lengths = batch.attention_mask.sum(1).tolist()
-        tokens = batch.loss_mask.sum(1)
-        minibatches = balanced_partition(tokens.tolist(), min(cfg.ppo_n_minibatches, batch.num_rows))
-        for i, rows in enumerate(minibatches):
-            n_tokens = self._world_sum(int(tokens[rows].sum()))
-            n_seqs = self._world_sum(int((tokens[rows] > 0).sum()))
-            for mb_rows in self._equalised_micro_batches(rows, lengths, cfg.mb_max_tokens):
-                sub = batch.select(mb_rows) if mb_rows else batch.select(rows[:1])
-                idx = torch.as_tensor(mb_rows if mb_rows else rows[:1], device=self.device)
-                width = sub.input_ids.shape[1]
-                logp, entropy = self._logprobs(self.policy, sub, with_entropy=True)
-                loss, stats = policy_loss(logp, old_logp[idx, :width], advantages[idx, :width], sub.loss_mask, cfg,
-                                          behave_logp=sub.behave_logp, num_tokens=n_tokens, num_seqs=n_seqs,
-                                          entropy=entropy)
-                if not mb_rows:  # padding micro-batch: joins the collective with a zero gradient
-                    loss = loss * 0.0
-                # DDP/FSDP average gradients over ranks; the loss is already a global mean.
-                self.manual_backward(loss * world)
-                if mb_rows:
-                    sums.add(stats, float(sub.loss_mask.sum()), "actor")
-            grad_norm = self._step(0, self.policy.parameters(), cfg.optimizer.gradient_clipping,
-                                   last=i == len(minibatches) - 1)
-            sums.add({"grad_norm": torch.tensor(grad_norm)}, 1.0, "actor")
+
+        def micro_loss(sub: RolloutBatch, idx: torch.Tensor, n_tokens: float, n_seqs: float):
+            width = sub.input_ids.shape[1]
+            logp, entropy = self._logprobs(self.policy, sub, with_entropy=True)
+            loss, stats = policy_loss(logp, old_logp[idx, :width], advantages[idx, :width], sub.loss_mask, cfg,
+                                      behave_logp=sub.behave_logp, num_tokens=n_tokens, num_seqs=n_seqs,
+                                      entropy=entropy)
+            return loss, {"actor": {k: v for k, v in stats.items() if k not in MISMATCH_STATS},
+                          "mismatch": {k: v for k, v in stats.items() if k in MISMATCH_STATS}}
+
+        self._optimize(batch, cfg.ppo_n_minibatches, cfg.mb_max_tokens, micro_loss, 0, self.policy,
+                       cfg.optimizer.gradient_clipping, sums, "actor")
 
     def _update_critic(self, batch: RolloutBatch, old_values: torch.Tensor, returns: torch.Tensor,
                        sums: _MetricSum) -> None:
         cfg = self.critic_cfg
+
+        def micro_loss(sub: RolloutBatch, idx: torch.Tensor, n_tokens: float, n_seqs: float):
+            width = sub.input_ids.shape[1]
+            values, _ = self.critic.values(sub.input_ids, sub.attention_mask)
+            loss, stats = value_loss(values, old_values[idx, :width], returns[idx, :width], sub.loss_mask,
+                                     eps_clip=cfg.eps_clip, num_tokens=n_tokens)
+            return loss, {"critic": stats}
+
+        self._optimize(batch, cfg.ppo_n_minibatches, cfg.mb_max_tokens, micro_loss, 1, self.critic,
+                       cfg.optimizer.gradient_clipping, sums, "critic")
+
+    def _optimize(self, batch: RolloutBatch, n_minibatches: int, max_tokens: int, micro_loss, optimizer_index: int,
+                  model: torch.nn.Module, clip: float | None, sums: _MetricSum, prefix: str) -> None:
+        """One pass over token-balanced minibatches, one optimizer step each; every micro-batch loss is
+        normalised by its minibatch's global token (and sequence) count, so gradients add up to the
+        minibatch loss whatever the micro-batching or world size."""
         world = self.trainer.world_size
         lengths = batch.attention_mask.sum(1).tolist()
         tokens = batch.loss_mask.sum(1)
-        for rows in balanced_partition(tokens.tolist(), min(cfg.ppo_n_minibatches, batch.num_rows)):
+        minibatches = balanced_partition(tokens.tolist(), min(n_minibatches, batch.num_rows))
+        for i, rows in enumerate(minibatches):
             n_tokens = self._world_sum(int(tokens[rows].sum()))
-            for mb_rows in self._equalised_micro_batches(rows, lengths, cfg.mb_max_tokens):
-                sub = batch.select(mb_rows) if mb_rows else batch.select(rows[:1])
-                idx = torch.as_tensor(mb_rows if mb_rows else rows[:1], device=self.device)
-                width = sub.input_ids.shape[1]
-                values, _ = self.critic.values(sub.input_ids, sub.attention_mask)
-                loss, stats = value_loss(values, old_values[idx, :width], returns[idx, :width], sub.loss_mask,
-                                         eps_clip=cfg.eps_clip, num_tokens=n_tokens)
+            n_seqs = self._world_sum(int((tokens[rows] > 0).sum()))
+            for mb_rows in self._equalised_micro_batches(rows, lengths, max_tokens):
+                picked = mb_rows or rows[:1]  # an empty (padding) micro-batch reruns one row at weight 0
+                loss, stats = micro_loss(batch.select(picked), torch.as_tensor(picked, device=self.device),
+                                         n_tokens, n_seqs)
                 if not mb_rows:
-                    loss = loss * 0.0
+                    loss = loss * 0.0  # joins the gradient collective, contributes nothing
+                # DDP/FSDP average gradients over ranks; the loss is already a global mean.
                 self.manual_backward(loss * world)
                 if mb_rows:
-                    sums.add(stats, float(sub.loss_mask.sum()), "critic")
-            grad_norm = self._step(1, self.critic.parameters(), cfg.optimizer.gradient_clipping, last=False)
-            sums.add({"grad_norm": torch.tensor(grad_norm)}, 1.0, "critic")
+                    weight = float(batch.loss_mask[picked].sum())
+                    for group, values in stats.items():
+                        sums.add(values, weight, group)
+            # Only the actor's last step of the iteration goes through Lightning (one global step).
+            last = optimizer_index == 0 and i == len(minibatches) - 1
+            sums.add({"grad_norm": torch.tensor(self._step(optimizer_index, model.parameters(), clip, last))}, 1.0,
+                     prefix)
 
     def _equalised_micro_batches(self, rows: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
         """Micro-batches of ``rows``, padded with empty ones up to the largest count over ranks."""

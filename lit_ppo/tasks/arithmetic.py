@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 
-from lit_ppo.tasks.base import Problem
+from lit_ppo.tasks.base import Problem, split_problems
 
 _OPERATIONS = {
     "+": lambda a, b: a + b,
@@ -87,9 +87,7 @@ class ArithmeticTask:
 
     def problems(self, split: str) -> Sequence[Problem]:
         """The problems of 'train' or 'test', in a fixed order."""
-        if split not in self._splits:
-            raise ValueError(f"split={split!r} is invalid: must be 'train' or 'test'")
-        return self._splits[split]
+        return split_problems(self._splits, split)
 
     def reward(self, problem: Problem, completion: str) -> float:
         """1.0 for the exact answer (surrounding whitespace ignored), ``format_credit`` for another

@@ -29,3 +29,13 @@ class Task(Protocol):
 
     def allowed_completion_tokens(self, tokenizer) -> list[int] | None:
         """Token ids completions may use (the tokenizer's EOS included), or None for all."""
+
+
+SPLITS = ("train", "test")
+
+
+def split_problems(splits: dict[str, Sequence[Problem]], split: str) -> Sequence[Problem]:
+    """``splits[split]``, with the error every task gives for an unknown split."""
+    if split not in splits:
+        raise ValueError(f"split={split!r} is invalid: must be one of {', '.join(map(repr, SPLITS))}")
+    return splits[split]

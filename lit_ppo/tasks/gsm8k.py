@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Sequence
 
-from lit_ppo.tasks.base import Problem
+from lit_ppo.tasks.base import Problem, split_problems
 
 FIELDS = ("question", "answer")
 INSTRUCTION = "Please put your final answer within \\boxed{}."
@@ -115,9 +115,7 @@ class GSM8KTask:
 
     def problems(self, split: str) -> Sequence[Problem]:
         """The problems of 'train' or 'test', in file order."""
-        if split not in self._splits:
-            raise ValueError(f"split={split!r} is invalid: must be 'train' or 'test'")
-        return self._splits[split]
+        return split_problems(self._splits, split)
 
     def reward(self, problem: Problem, completion: str) -> float:
         """1.0 if math-verify judges the completion equivalent to the gold number, else 0.0

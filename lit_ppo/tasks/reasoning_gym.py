@@ -13,7 +13,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from lit_ppo.tasks.base import Problem
+from lit_ppo.tasks.base import Problem, split_problems
 
 
 def _available_datasets() -> list[str]:
@@ -102,9 +102,7 @@ class ReasoningGymTask:
 
     def problems(self, split: str) -> Sequence[Problem]:
         """The problems of 'train' or 'test', in the dataset's order (fixed by ``seed``)."""
-        if split not in self._splits:
-            raise ValueError(f"split={split!r} is invalid: must be 'train' or 'test'")
-        return self._splits[split]
+        return split_problems(self._splits, split)
 
     def reward(self, problem: Problem, completion: str) -> float:
         """``score_answer`` of the last ``<answer>...</answer>`` in the completion; 0.0 without one.

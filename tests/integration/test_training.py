@@ -154,3 +154,17 @@ def test_dynamic_bs_gives_up_after_consecutive_empty_batches(tmp_path):
                         max_attempts_factor=2)
     with pytest.raises(RuntimeError, match="reject_all.*accepted no group in 2 consecutive iterations"):
         fit(module, data, tmp_path, max_steps=1)
+
+
+@pytest.mark.slow
+def test_decoupled_icepop_logs_mismatch_and_engine_matches_trainer(tmp_path):
+    actor = PPOActorConfig(kl_ctl=0.0, ppo_n_minibatches=2, reward_norm=GROUP, use_decoupled_loss=True,
+                           rejection_sampling={"level": "token", "action": "mask", "metric": "ratio",
+                                               "lower": 0.5, "upper": 5.0}, optimizer={"lr": 1e-3})
+    module, data = make(tmp_path, actor=actor)
+    _, rec = fit(module, data, tmp_path, max_steps=2)
+    for m in rec.metrics:
+        # Synchronous sampling with the pushed weights: the trainer's recompute is the behaviour policy.
+        assert m["mismatch/logp_abs_diff"] < 1e-4
+        assert m["mismatch/behave_imp_weight"] == pytest.approx(1.0, abs=1e-3)
+        assert m["mismatch/filtered_fraction"] == 0.0

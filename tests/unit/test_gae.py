@@ -12,16 +12,11 @@ import pytest
 import torch
 
 from lit_ppo.algos import compute_gae
-
-
-def _t(x, dtype=torch.float32):
-    return torch.tensor(x, dtype=dtype)
+from tests.unit.values import assert_values, tensor as _t
 
 
 def _close(actual, expected, atol=1e-5, rtol=1e-5):
-    expected = torch.as_tensor(expected, dtype=torch.float64)
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    torch.testing.assert_close(actual.detach().double(), expected, atol=atol, rtol=rtol)
+    assert_values(actual, expected, atol=atol, rtol=rtol)
 
 
 # --------------------------------------------------------------------------------------------

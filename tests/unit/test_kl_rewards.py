@@ -7,16 +7,7 @@ import pytest
 import torch
 
 from lit_ppo.algos import kl_estimate, kl_reward, overlong_penalty, shape_rewards
-
-
-def _t(x, dtype=torch.float32):
-    return torch.tensor(x, dtype=dtype)
-
-
-def _close(actual, expected, atol=1e-6, rtol=1e-6):
-    expected = torch.as_tensor(expected, dtype=torch.float64)
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    torch.testing.assert_close(actual.detach().double(), expected, atol=atol, rtol=rtol)
+from tests.unit.values import assert_values as _close, tensor as _t
 
 
 # logp - base = d = [0.5, -1, 0, 3, -0.5]

@@ -13,17 +13,7 @@ import torch
 
 from lit_ppo.algos import normalize
 from lit_ppo.config import NormConfig
-
-
-def _t(x, dtype=torch.float32):
-    return torch.tensor(x, dtype=dtype)
-
-
-def _close(actual, expected, atol=1e-6, rtol=1e-6):
-    """Compare values in float64 (dtype is checked separately where it matters)."""
-    expected = torch.as_tensor(expected, dtype=torch.float64)
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    torch.testing.assert_close(actual.detach().double(), expected, atol=atol, rtol=rtol)
+from tests.unit.values import assert_values as _close, tensor as _t
 
 
 def _cfg(mean_level="batch", std_level="batch", **kw):
