@@ -21,7 +21,7 @@ import torch
 from lit_ppo.config import GenerationConfig
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.engine import RolloutEngine, SamplingParams
-from lit_ppo.rollout.workflows import SingleTurnWorkflow
+from lit_ppo.rollout.workflows import MultiTurnWorkflow, SingleTurnWorkflow, is_multi_turn
 from lit_ppo.tasks import build_task
 
 ENGINES = ("hf", "vllm")
@@ -49,7 +49,7 @@ class RolloutDataModule(L.LightningDataModule):
     """Streams RolloutBatch objects from a task through a rollout engine.
 
     Args:
-        task: registered task name ('arithmetic', 'gsm_symbolic', 'reasoning_gym', 'gsm8k').
+        task: registered task name ('arithmetic', 'gsm_symbolic', 'reasoning_gym', 'gsm8k', 'calculator').
         task_kwargs: the task's configuration.
         gconfig: sampling settings (group size, length budget, temperature, top-k/top-p, restriction).
         batch_size: prompt groups per RL iteration and rank.
@@ -64,12 +64,16 @@ class RolloutDataModule(L.LightningDataModule):
             after ``max_attempts_factor`` consecutive empty batches (dynamic_bs).
         system_prompt: optional system message before every prompt.
         seed: seed of the prompt order and of sampling.
+        max_turns: most assistant turns per episode of a multi-turn task (one with
+            ``environment(problem)``, e.g. 'calculator'); ignored by single-turn tasks.
+        turn_discount: factor in (0, 1] applied to a multi-turn episode's reward once per assistant
+            turn after the first; ignored by single-turn tasks.
     """
 
     def __init__(self, task: str = "arithmetic", task_kwargs: dict | None = None,
                  gconfig: GenerationConfig | None = None, batch_size: int = 32, engine: str = "hf",
                  dynamic_filter_fn: str | None = None, dynamic_bs: bool = False, max_attempts_factor: int = 8,
-                 system_prompt: str | None = None, seed: int = 0):
+                 system_prompt: str | None = None, seed: int = 0, max_turns: int = 4, turn_discount: float = 1.0):
         super().__init__()
         if engine not in ENGINES:
             raise ValueError(f"data.engine={engine!r} is invalid: must be one of {', '.join(map(repr, ENGINES))}")
@@ -77,6 +81,11 @@ class RolloutDataModule(L.LightningDataModule):
             raise ValueError(f"data.batch_size={batch_size!r} is invalid: must be a positive integer")
         if not isinstance(max_attempts_factor, int) or max_attempts_factor < 1:
             raise ValueError(f"data.max_attempts_factor={max_attempts_factor!r} is invalid: must be a positive integer")
+        if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
+            raise ValueError(f"data.max_turns={max_turns!r} is invalid: must be a positive integer")
+        if isinstance(turn_discount, bool) or not isinstance(turn_discount, (int, float)) \
+                or not 0.0 < turn_discount <= 1.0:
+            raise ValueError(f"data.turn_discount={turn_discount!r} is invalid: must be a number in (0, 1]")
         self.task = build_task(task, **(task_kwargs or {}))
         self.gconfig = gconfig or GenerationConfig()
         self.batch_size = batch_size
@@ -88,8 +97,10 @@ class RolloutDataModule(L.LightningDataModule):
         self.max_attempts_factor = max_attempts_factor
         self.system_prompt = system_prompt
         self.seed = seed
+        self.max_turns = max_turns
+        self.turn_discount = turn_discount
         self.engine: RolloutEngine | None = None
-        self.workflow: SingleTurnWorkflow | None = None
+        self.workflow: SingleTurnWorkflow | MultiTurnWorkflow | None = None
         # Position in the prompt stream and the number of generate calls: the resumable state.
         self.epoch = 0
         self.cursor = 0
@@ -110,8 +121,12 @@ class RolloutDataModule(L.LightningDataModule):
         module = self.trainer.lightning_module
         if self.engine is None:
             self.engine = self._build_engine(module)
-        self.workflow = SingleTurnWorkflow(module.tokenizer, self.task, self.sampling_params(module.tokenizer),
-                                           self.system_prompt)
+        params = self.sampling_params(module.tokenizer)
+        if is_multi_turn(self.task):
+            self.workflow = MultiTurnWorkflow(module.tokenizer, self.task, params, self.max_turns,
+                                              self.turn_discount, self.system_prompt)
+        else:
+            self.workflow = SingleTurnWorkflow(module.tokenizer, self.task, params, self.system_prompt)
         return self._stream()
 
     def state_dict(self) -> dict:

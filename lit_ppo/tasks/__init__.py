@@ -5,6 +5,7 @@ from __future__ import annotations
 from lit_ppo.algos.registry import Registry
 from lit_ppo.tasks.arithmetic import ArithmeticTask
 from lit_ppo.tasks.base import Problem, Task
+from lit_ppo.tasks.calculator import CalculatorTask
 from lit_ppo.tasks.gsm8k import GSM8KTask
 from lit_ppo.tasks.reasoning_gym import ReasoningGymTask
 
@@ -14,6 +15,7 @@ TASKS: Registry = Registry("task")
 TASKS.register("arithmetic")(ArithmeticTask)
 TASKS.register("reasoning_gym")(ReasoningGymTask)
 TASKS.register("gsm8k")(GSM8KTask)
+TASKS.register("calculator")(CalculatorTask)
 
 
 @TASKS.register("gsm_symbolic")
@@ -28,5 +30,5 @@ def build_task(name: str, **kwargs) -> Task:
     return TASKS.get(name)(**kwargs)
 
 
-__all__ = ["TASKS", "ArithmeticTask", "GSM8KTask", "Problem", "ReasoningGymTask", "Task",
+__all__ = ["TASKS", "ArithmeticTask", "CalculatorTask", "GSM8KTask", "Problem", "ReasoningGymTask", "Task",
            "build_task", "gsm_symbolic"]

@@ -168,3 +168,19 @@ def test_decoupled_icepop_logs_mismatch_and_engine_matches_trainer(tmp_path):
         assert m["mismatch/logp_abs_diff"] < 1e-4
         assert m["mismatch/behave_imp_weight"] == pytest.approx(1.0, abs=1e-3)
         assert m["mismatch/filtered_fraction"] == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", [{"temperature": 0.7}, {"top_k": 3}, {"top_p": 0.8},
+                                      {"temperature": 1.3, "top_k": 6, "top_p": 0.9}])
+def test_trainer_recomputes_the_sampling_distribution(tmp_path, sampling):
+    """Behaviour log-probs (engine) and the trainer's recompute agree under each sampling option,
+    on top of the allowed-token restriction of the arithmetic task."""
+    actor = PPOActorConfig(kl_ctl=0.0, ppo_n_minibatches=1, reward_norm=GROUP, recompute_logprob=True,
+                           temperature=sampling.get("temperature", 1.0), optimizer={"lr": 1e-3})
+    gconfig = GenerationConfig(n_samples=4, max_new_tokens=4, restrict_to_task_tokens=True, **sampling)
+    module, data = make(tmp_path, actor=actor, gconfig=gconfig)
+    _, rec = fit(module, data, tmp_path, max_steps=2)
+    assert module.sampling.top_k == sampling.get("top_k", 0) and module.sampling.top_p == sampling.get("top_p", 1.0)
+    for m in rec.metrics:
+        assert m["mismatch/logp_abs_diff"] < 1e-4

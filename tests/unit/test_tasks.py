@@ -285,7 +285,7 @@ def test_gsm8k_file_errors(tmp_path):
 
 
 def test_registry_names():
-    assert TASKS.names() == ["arithmetic", "gsm8k", "gsm_symbolic", "reasoning_gym"]
+    assert TASKS.names() == ["arithmetic", "calculator", "gsm8k", "gsm_symbolic", "reasoning_gym"]
 
 
 def test_build_task():
@@ -299,7 +299,7 @@ def test_build_task():
 
 
 def test_build_task_errors():
-    with pytest.raises(ValueError, match="arithmetic, gsm8k, gsm_symbolic, reasoning_gym"):
+    with pytest.raises(ValueError, match="arithmetic, calculator, gsm8k, gsm_symbolic, reasoning_gym"):
         build_task("math")
     with pytest.raises(TypeError):
         build_task("arithmetic", no_such_option=1)
