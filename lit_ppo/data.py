@@ -54,6 +54,7 @@ class RolloutDataModule(L.LightningDataModule):
         gconfig: sampling settings (group size, length budget, temperature, top-k/top-p, restriction).
         batch_size: prompt groups per RL iteration and rank.
         engine: rollout engine, 'hf' (transformers) or 'vllm'.
+        engine_kwargs: keyword arguments of the engine (e.g. vllm's gpu_memory_utilization, max_model_len).
         dynamic_filter_fn: dotted path to ``fn(group: RolloutBatch) -> bool`` accepting a prompt's
             group (e.g. lit_ppo.rollout.filters.mixed_outcomes, DAPO's 0 < mean reward < 1); None keeps all.
         dynamic_bs: stop after ``batch_size`` groups were tried and train on the accepted ones (the
@@ -72,6 +73,7 @@ class RolloutDataModule(L.LightningDataModule):
 
     def __init__(self, task: str = "arithmetic", task_kwargs: dict | None = None,
                  gconfig: GenerationConfig | None = None, batch_size: int = 32, engine: str = "hf",
+                 engine_kwargs: dict | None = None,
                  dynamic_filter_fn: str | None = None, dynamic_bs: bool = False, max_attempts_factor: int = 8,
                  system_prompt: str | None = None, seed: int = 0, max_turns: int = 4, turn_discount: float = 1.0):
         super().__init__()
@@ -90,6 +92,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.gconfig = gconfig or GenerationConfig()
         self.batch_size = batch_size
         self.engine_name = engine
+        self.engine_kwargs = dict(engine_kwargs or {})
         self.dynamic_filter_fn = dynamic_filter_fn
         self.accept: Callable[[RolloutBatch], bool] | None = (
             import_function(dynamic_filter_fn, "data.dynamic_filter_fn") if dynamic_filter_fn else None)
@@ -139,11 +142,12 @@ class RolloutDataModule(L.LightningDataModule):
         if self.engine_name == "hf":
             from lit_ppo.rollout.hf_engine import HFEngine
 
-            engine = HFEngine(module.policy, module.tokenizer, device=module.device)
+            engine = HFEngine(module.policy, module.tokenizer, device=module.device, **self.engine_kwargs)
         else:
             from lit_ppo.rollout.vllm_engine import VLLMEngine
 
-            engine = VLLMEngine(module.policy, module.tokenizer, seed=self.seed + self.trainer.global_rank)
+            engine = VLLMEngine(module.policy, module.tokenizer, seed=self.seed + self.trainer.global_rank,
+                                **self.engine_kwargs)
         engine.version = module.version
         return engine
 
@@ -176,6 +180,7 @@ class RolloutDataModule(L.LightningDataModule):
     def collect(self) -> RolloutBatch:
         """One iteration's batch: generate, score and filter groups until it is full."""
         start = time.perf_counter()
+        self.engine.wake()
         accepted: list[RolloutBatch] = []
         tried = rejected = 0
         limit = self.batch_size * self.max_attempts_factor
@@ -201,6 +206,7 @@ class RolloutDataModule(L.LightningDataModule):
                     accepted.append(group)
                 else:
                     rejected += 1
+        self.engine.sleep()  # frees accelerator memory for the update (where the engine supports it)
         metrics = {"rollout/accepted": float(len(accepted)), "rollout/rejected": float(rejected),
                    "time/generate_s": time.perf_counter() - start}
         if not accepted:

@@ -117,8 +117,9 @@ class TinyModelConfig:
     """Decoder layers."""
     hidden_size: int = 64
     """Width of the residual stream."""
-    num_heads: int = 4
-    """Attention heads (no grouped-query attention); must divide ``hidden_size``."""
+    num_heads: int = 2
+    """Attention heads (no grouped-query attention); must divide ``hidden_size``. Two heads give a
+    head size of 32, the smallest the vLLM CPU attention kernels support."""
     intermediate_size: int = 128
     """Width of the SwiGLU MLP."""
     initializer_range: float = 0.1
