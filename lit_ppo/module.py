@@ -243,7 +243,7 @@ class LitPPO(L.LightningModule):
             values=values, final_values=final_values, truncated=batch.truncated, turn_ids=batch.turn_ids)
 
         sums = _MetricSum()
-        self._update_actor(batch, prox_logp, adv.advantages, sums)
+        self._update_actor(batch, prox_logp, adv.advantages, sums, measure_mismatch=not needs_prox)
         if self.critic is not None:
             self._update_critic(batch, values, adv.returns, sums)
         for scheduler in self._schedulers():
@@ -302,17 +302,22 @@ class LitPPO(L.LightningModule):
         return float(grad_norm)
 
     def _update_actor(self, batch: RolloutBatch, old_logp: torch.Tensor, advantages: torch.Tensor,
-                      sums: _MetricSum) -> None:
+                      sums: _MetricSum, measure_mismatch: bool) -> None:
+        """``measure_mismatch``: log |behaviour - trainer log-prob| from the first minibatch's forward
+        passes, which still see the weights the batch was sampled with (no extra forward pass)."""
         cfg = self.actor_cfg
 
-        def micro_loss(sub: RolloutBatch, idx: torch.Tensor, n_tokens: float, n_seqs: float):
+        def micro_loss(sub: RolloutBatch, idx: torch.Tensor, n_tokens: float, n_seqs: float, minibatch: int):
             width = sub.input_ids.shape[1]
             logp, entropy = self._logprobs(self.policy, sub, with_entropy=True)
             loss, stats = policy_loss(logp, old_logp[idx, :width], advantages[idx, :width], sub.loss_mask, cfg,
                                       behave_logp=sub.behave_logp, num_tokens=n_tokens, num_seqs=n_seqs,
                                       entropy=entropy)
-            return loss, {"actor": {k: v for k, v in stats.items() if k not in MISMATCH_STATS},
-                          "mismatch": {k: v for k, v in stats.items() if k in MISMATCH_STATS}}
+            mismatch = {k: v for k, v in stats.items() if k in MISMATCH_STATS}
+            if measure_mismatch and minibatch == 0:
+                gap = (logp.detach() - sub.behave_logp).abs() * sub.loss_mask
+                mismatch["logp_abs_diff"] = gap.sum() / sub.loss_mask.sum().clamp(min=1)
+            return loss, {"actor": {k: v for k, v in stats.items() if k not in MISMATCH_STATS}, "mismatch": mismatch}
 
         self._optimize(batch, cfg.ppo_n_minibatches, cfg.mb_max_tokens, micro_loss, 0, self.policy,
                        cfg.optimizer.gradient_clipping, sums, "actor")
@@ -321,7 +326,7 @@ class LitPPO(L.LightningModule):
                        sums: _MetricSum) -> None:
         cfg = self.critic_cfg
 
-        def micro_loss(sub: RolloutBatch, idx: torch.Tensor, n_tokens: float, n_seqs: float):
+        def micro_loss(sub: RolloutBatch, idx: torch.Tensor, n_tokens: float, n_seqs: float, minibatch: int):
             width = sub.input_ids.shape[1]
             values, _ = self.critic.values(sub.input_ids, sub.attention_mask)
             loss, stats = value_loss(values, old_values[idx, :width], returns[idx, :width], sub.loss_mask,
@@ -346,7 +351,7 @@ class LitPPO(L.LightningModule):
             for mb_rows in self._equalised_micro_batches(rows, lengths, max_tokens):
                 picked = mb_rows or rows[:1]  # an empty (padding) micro-batch reruns one row at weight 0
                 loss, stats = micro_loss(batch.select(picked), torch.as_tensor(picked, device=self.device),
-                                         n_tokens, n_seqs)
+                                         n_tokens, n_seqs, i)
                 if not mb_rows:
                     loss = loss * 0.0  # joins the gradient collective, contributes nothing
                 # DDP/FSDP average gradients over ranks; the loss is already a global mean.

@@ -61,6 +61,8 @@ def test_sync_training_is_on_policy_and_counts_iterations(tmp_path):
                 "time/sync_s"):
         assert key in m, key
     assert m["rollout/accepted"] == 4.0
+    # Without a recompute pass, the first minibatch's forward measures engine/trainer agreement.
+    assert all(m["mismatch/logp_abs_diff"] < 1e-4 for m in rec.metrics)
 
 
 def test_stale_batch_is_refused(tmp_path):
