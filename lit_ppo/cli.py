@@ -90,6 +90,7 @@ def _known_keys() -> dict[str, list[str]]:
     return {"actor": [f.name for f in fields(PPOActorConfig)], "critic": [f.name for f in fields(PPOCriticConfig)],
             "gconfig": [f.name for f in fields(GenerationConfig)], "model": [f.name for f in fields(ModelConfig)],
             "data": list(inspect.signature(RolloutDataModule.__init__).parameters)[1:],
+            "rollout": ["engine", "engine_kwargs"],
             "trainer": list(inspect.signature(__import__("lightning").Trainer.__init__).parameters)[1:]}
 
 

@@ -40,10 +40,13 @@ class VLLMEngine:
             and KV cache (the trainer shares the device).
         kv_cache_gib: KV cache size in GiB; None for 1 GiB on CPU (where a memory fraction would count
             the trainer's own memory against vLLM) and ``gpu_memory_utilization`` on GPU.
+        dtype: weight dtype of the engine ('bfloat16', 'float32', ...); None for the policy's. A lower
+            precision than the trainer's makes behaviour and trainer log-probs differ (use the
+            decoupled loss / rejection sampling then).
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, seed: int = 0, max_model_len: int | None = None,
-                 gpu_memory_utilization: float = 0.5, kv_cache_gib: float | None = None):
+                 gpu_memory_utilization: float = 0.5, kv_cache_gib: float | None = None, dtype: str | None = None):
         # In-process engine: the trainer pushes weights into the very model object vLLM runs.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         try:
@@ -66,7 +69,8 @@ class VLLMEngine:
         distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
         try:
             self.llm = vllm.LLM(
-                model=self._dir, tokenizer=self._dir, dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+                model=self._dir, tokenizer=self._dir,
+                dtype=dtype or str(next(model.parameters()).dtype).removeprefix("torch."),
                 seed=seed, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
                 kv_cache_memory_bytes=kv_cache_bytes,
                 enforce_eager=not on_gpu, logprobs_mode="processed_logprobs", enable_sleep_mode=on_gpu,
