@@ -21,7 +21,7 @@ import torch
 from lit_ppo.config import GenerationConfig
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.engine import RolloutEngine, SamplingParams
-from lit_ppo.rollout.workflows import MultiTurnWorkflow, SingleTurnWorkflow, is_multi_turn
+from lit_ppo.rollout.workflows import MultiTurnWorkflow, SingleTurnWorkflow, check_turn_settings, is_multi_turn
 from lit_ppo.tasks import build_task
 
 ENGINES = ("hf", "vllm")
@@ -83,11 +83,7 @@ class RolloutDataModule(L.LightningDataModule):
             raise ValueError(f"data.batch_size={batch_size!r} is invalid: must be a positive integer")
         if not isinstance(max_attempts_factor, int) or max_attempts_factor < 1:
             raise ValueError(f"data.max_attempts_factor={max_attempts_factor!r} is invalid: must be a positive integer")
-        if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
-            raise ValueError(f"data.max_turns={max_turns!r} is invalid: must be a positive integer")
-        if isinstance(turn_discount, bool) or not isinstance(turn_discount, (int, float)) \
-                or not 0.0 < turn_discount <= 1.0:
-            raise ValueError(f"data.turn_discount={turn_discount!r} is invalid: must be a number in (0, 1]")
+        check_turn_settings(max_turns, turn_discount, prefix="data.")
         self.task = build_task(task, **(task_kwargs or {}))
         self.gconfig = gconfig or GenerationConfig()
         self.batch_size = batch_size

@@ -213,6 +213,15 @@ class _Running:
     done: bool = False
 
 
+def check_turn_settings(max_turns, turn_discount, prefix: str = "") -> None:
+    """ValueError naming ``max_turns`` / ``turn_discount`` (with ``prefix``, e.g. 'data.') if invalid."""
+    if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
+        raise ValueError(f"{prefix}max_turns={max_turns!r} is invalid: must be a positive integer")
+    if isinstance(turn_discount, bool) or not isinstance(turn_discount, (int, float)) \
+            or not 0.0 < turn_discount <= 1.0:
+        raise ValueError(f"{prefix}turn_discount={turn_discount!r} is invalid: must be a number in (0, 1]")
+
+
 class MultiTurnWorkflow:
     """Episodes that alternate assistant turns with environment turns, on token ids throughout.
 
@@ -240,11 +249,7 @@ class MultiTurnWorkflow:
                  turn_discount: float = 1.0, system_prompt: str | None = None):
         if not is_multi_turn(task):
             raise TypeError(f"task {getattr(task, 'name', task)!r} has no environment(problem): it is not multi-turn")
-        if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
-            raise ValueError(f"max_turns={max_turns!r} is invalid: must be a positive integer")
-        if isinstance(turn_discount, bool) or not isinstance(turn_discount, (int, float)) \
-                or not 0.0 < turn_discount <= 1.0:
-            raise ValueError(f"turn_discount={turn_discount!r} is invalid: must be in (0, 1]")
+        check_turn_settings(max_turns, turn_discount)
         self.tokenizer = tokenizer
         self.task = task
         self.params = params

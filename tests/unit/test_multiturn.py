@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.unit.fakes import FakeEngineBase
 from lit_ppo.algos import compute_advantages, validate_turn_ids
 from lit_ppo.algos.advantages import last_generated_index
 from lit_ppo.algos.lambda_fn import GaeLambdaContext
@@ -53,7 +54,7 @@ def tok():
 # ---------------------------------------------------------------- scripted engine and environment
 
 
-class ScriptedEngine:
+class ScriptedEngine(FakeEngineBase):
     """Returns, on call k, ``script[k]`` (one completion per prompt, in order); records every call and
     bumps its version after each call (as if weights were pushed between turns)."""
 
@@ -70,15 +71,6 @@ class ScriptedEngine:
         self.versions.append(self.version)
         self.version += 1
         return [[completion] for completion in self.script[k]]
-
-    def update_weights(self, weights, version):
-        self.version = version
-
-    def sleep(self):
-        pass
-
-    def wake(self):
-        pass
 
 
 class ScriptedEnv:
@@ -416,7 +408,7 @@ def test_protocols_are_structural():
     ({"max_turns": 0}, ValueError, "max_turns=0 is invalid: must be a positive integer"),
     ({"max_turns": 2.0}, ValueError, "max_turns=2.0 is invalid"),
     ({"max_turns": True}, ValueError, "max_turns=True is invalid"),
-    ({"max_turns": 2, "turn_discount": 0.0}, ValueError, r"turn_discount=0.0 is invalid: must be in \(0, 1\]"),
+    ({"max_turns": 2, "turn_discount": 0.0}, ValueError, r"turn_discount=0.0 is invalid: must be a number in \(0, 1\]"),
     ({"max_turns": 2, "turn_discount": 1.5}, ValueError, "turn_discount=1.5 is invalid"),
     ({"max_turns": 2, "turn_discount": True}, ValueError, "turn_discount=True is invalid"),
 ])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.unit.fakes import FakeEngineBase
 from lit_ppo.rollout.engine import Completion, SamplingParams
 from lit_ppo.rollout.hf_engine import HFEngine
 from lit_ppo.rollout.workflows import Episode, SingleTurnWorkflow, episodes_to_batch
@@ -44,7 +45,7 @@ class FakeTask:
         return [EOS] + [c(d) for d in "0123456789"]
 
 
-class FakeEngine:
+class FakeEngine(FakeEngineBase):
     """Returns fixed completions per prompt and records what it was asked."""
 
     def __init__(self, completions: list[list[Completion]], version: int = 7):
@@ -54,15 +55,6 @@ class FakeEngine:
     def generate(self, prompts, params):
         self.calls.append((prompts, params))
         return self.completions
-
-    def update_weights(self, weights, version):
-        self.version = version
-
-    def sleep(self):
-        pass
-
-    def wake(self):
-        pass
 
 
 PROBLEMS = [Problem(prompt="1+1", answer="2"), Problem(prompt="10+20", answer="30")]
