@@ -13,7 +13,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.unit.fakes import FakeEngineBase
 from lit_ppo.algos import compute_advantages, validate_turn_ids
 from lit_ppo.algos.advantages import last_generated_index
 from lit_ppo.algos.lambda_fn import GaeLambdaContext
@@ -30,6 +29,7 @@ from lit_ppo.rollout.workflows import (
 )
 from lit_ppo.tasks import ArithmeticTask, CalculatorTask
 from lit_ppo.tasks.base import Problem
+from tests.unit.fakes import FakeEngineBase
 from tests.unit.test_hf_engine import tiny_tokenizer as eos_terminated_tokenizer
 
 PAD, END, USER, ASSISTANT, SYSTEM, UNK = 0, 1, 2, 3, 4, 5
