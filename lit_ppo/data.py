@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import time
-from dataclasses import replace
 from typing import Callable, Iterator
 
 import lightning as L

@@ -77,9 +77,9 @@ def compute_advantages(rewards: torch.Tensor, mask: torch.Tensor, cfg: PPOActorC
     has_tokens = mask.any(1)
     token_rewards[has_tokens, last_generated_index(mask)[has_tokens]] = R[has_tokens]
 
-    if turn_ids is not None:
-        validate_turn_ids(turn_ids, mask)
     if isinstance(cfg.gae_lambda, str):
+        if turn_ids is not None:  # the context counts turns (turn-level GAE validates them itself)
+            validate_turn_ids(turn_ids, mask)
         ctx = GaeLambdaContext.from_mask(mask, turn_ids, cfg.gae_timestep_unit)
         lam = resolve_gae_lambda(cfg.gae_lambda, cfg.gae_lambda_kwargs)(ctx)
     else:

@@ -486,13 +486,8 @@ def test_policy_loss_sapo_selects_sapo_in_loss():
 
 
 def _unregister(reg, name):
-    if hasattr(reg, "unregister"):
-        try:
-            reg.unregister(name)
-        except (KeyError, ValueError):
-            pass
-    else:  # pragma: no cover - fallback for a Registry without unregister
-        reg._table.pop(name, None)
+    if name in reg:
+        reg.unregister(name)
 
 
 def test_builtin_registrations():
