@@ -74,6 +74,9 @@ class VLLMEngine:
                 seed=seed, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
                 kv_cache_memory_bytes=kv_cache_bytes,
                 enforce_eager=not on_gpu, logprobs_mode="processed_logprobs", enable_sleep_mode=on_gpu,
+                # A chunked prefill rewinds the request's seeded generator, which CPU generators
+                # cannot do (RuntimeError "CPU Generator does not use offset"): prefill whole on CPU.
+                enable_chunked_prefill=on_gpu,
                 distributed_executor_backend="external_launcher" if distributed else None)
             # One token now: kernels that do not support this model fail here, not mid-training.
             from vllm.inputs import TokensPrompt

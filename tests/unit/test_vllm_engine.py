@@ -99,6 +99,24 @@ def test_seeds(engine, prompt):
     assert [c.token_ids for c in a] != [c.token_ids for c in b]
 
 
+def test_a_batch_beyond_one_step_samples_like_a_small_batch(engine, tiny):
+    # 48 prompts x 2 samples x ~100 tokens exceed vLLM's 4096-token step: with chunked prefill a
+    # seeded request straddling the step boundary crashed on CPU ("CPU Generator does not use offset").
+    _, tok = tiny
+    prompts = [tok.apply_chat_template([{"role": "user", "content": "+".join(str(i + k) for k in range(30))}],
+                                       add_generation_prompt=True, tokenize=True, return_dict=False)
+               for i in range(48)]
+    assert 2 * sum(map(len, prompts)) > 4096
+    params = SamplingParams(n=2, max_new_tokens=4, seed=13)
+    big = engine.generate(prompts, params)
+    small = engine.generate(prompts[:3], params)
+    assert [len(g) for g in big] == [2] * 48
+    for group_big, group_small in zip(big, small):
+        for a, b in zip(group_big, group_small):
+            assert a.token_ids == b.token_ids
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
 def test_weight_sync(tiny, prompt, tmp_path):
     model, tok = build_tiny(TinyModelConfig(), tmp_path)  # a private copy: this test changes weights
     engine = VLLMEngine(model, tok, seed=0)
