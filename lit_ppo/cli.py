@@ -246,11 +246,15 @@ class TrackedConfig(SaveConfigCallback):
     """Saves the resolved config as ``config.yaml`` in the run directory and as an artifact of every
     MLflow run (an MLflow logger with a database store has no log directory of its own)."""
 
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        # trainer.log_dir is a broadcast: read it on every rank, not only in rank 0's save_config.
+        self.run_dir = Path(trainer.log_dir or trainer.default_root_dir)
+        super().setup(trainer, pl_module, stage)
+
     def save_config(self, trainer, pl_module, stage: str) -> None:
         text = self.parser.dump(self.config, skip_none=False)
-        run_dir = Path(trainer.log_dir or trainer.default_root_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(text)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(text)
         for logger in trainer.loggers:
             run_id = getattr(logger, "run_id", None)
             if run_id and hasattr(logger.experiment, "log_text"):
@@ -276,9 +280,11 @@ def _one_line(error: BaseException) -> str:
 
 # Lightning notes about choices LitPPO makes on purpose: checkpoints hold the weights after the
 # iteration's update (what resuming needs), and the step pulls its own batch (dataloader_iter) so
-# that nothing is generated ahead of the weight push.
+# that nothing is generated ahead of the weight push; sys.argv holds the command beside LightningCLI's
+# args on purpose (a DDP launcher re-runs it).
 EXPECTED_WARNINGS = ("Using ModelCheckpoint with manual optimization", "You are using the `dataloader_iter` step",
-                     "Found `dataloader_iter` argument", "Found .* module\\(s\\) in eval mode")
+                     "Found `dataloader_iter` argument", "Found .* module\\(s\\) in eval mode",
+                     "LightningCLI's args parameter is intended")
 
 
 def run(argv: list[str]) -> int:
@@ -310,7 +316,8 @@ def run(argv: list[str]) -> int:
             with handle:
                 yaml.safe_dump(tree, handle, sort_keys=False)
             args = [subcommand, "--config", handle.name] + flags
-        saved_argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI reads args only, not the original argv
+        # A DDP launcher starts the other ranks by re-running sys.argv: make it this very command.
+        saved_argv, sys.argv = sys.argv, [sys.argv[0], *argv]
         try:
             LitPPOCLI(args)
         finally:

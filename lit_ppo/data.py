@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import os
 import time
 from typing import Callable, Iterator
 
@@ -141,6 +142,11 @@ class RolloutDataModule(L.LightningDataModule):
         else:
             from lit_ppo.rollout.vllm_engine import VLLMEngine
 
+            if self.trainer.world_size > 1:
+                # One engine per rank through vLLM's external launcher, which reads the torchrun
+                # variables; Lightning's own launcher does not set RANK.
+                os.environ.update(RANK=str(self.trainer.global_rank), LOCAL_RANK=str(self.trainer.local_rank),
+                                  WORLD_SIZE=str(self.trainer.world_size))
             engine = VLLMEngine(module.policy, module.tokenizer, seed=self.seed + self.trainer.global_rank,
                                 **self.engine_kwargs)
         engine.version = module.version

@@ -72,6 +72,30 @@ def _cached(cache_dir: str | Path | None, name: str, write: Callable[[Path], Non
     return final
 
 
+def save_checkpoint(model: torch.nn.Module, tokenizer, path: str | Path) -> None:
+    """Write ``model`` and ``tokenizer`` to ``path`` as a Hugging Face checkpoint, on every rank.
+
+    transformers' ``save_pretrained`` skips the weights on any torch.distributed rank but 0, while
+    each rank needs its own copy (a cache entry it builds, its vLLM engine's start-up checkpoint):
+    the config, generation config and weights are written here instead. Tied weights are stored
+    once, under their first name, as transformers does.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(path)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(path)
+    tensors, seen = {}, set()
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            tensors[name] = tensor.detach().contiguous()
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    tokenizer.save_pretrained(path)
+
+
 def _load_dir(path: str | Path, dtype: torch.dtype):
     """Model and tokenizer of a local Hugging Face checkpoint directory (never touches the hub)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -191,9 +215,7 @@ def build_tiny(cfg: TinyModelConfig | None = None, cache_dir: str | Path | None 
     cfg = cfg or TinyModelConfig()
 
     def write(tmp: Path) -> None:
-        model, tokenizer = _build_tiny_fresh(cfg)
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        save_checkpoint(*_build_tiny_fresh(cfg), tmp)
 
     return _load_dir(_cached(cache_dir, cfg.cache_name(), write), dtype)
 
@@ -226,15 +248,14 @@ def _convert_smollm2(out: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     if any(not p.is_floating_point() for p in model.parameters()):
         raise RuntimeError("the GGUF weights were kept packed; expected them dequantized to float32")
-    # The weights are plain floats now: drop the GGUF "quantization" marker, or save_pretrained refuses
-    # and the saved config would send the next load back through the GGUF reader.
+    # The weights are plain floats now: drop the GGUF "quantization" marker, or the saved config
+    # would send the next load back through the GGUF reader.
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:
         quantizer.remove_quantization_config(model)
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    save_checkpoint(model, tokenizer, out)
 
 
 def load_causal_lm(source: str, cache_dir: str | Path | None = None, dtype: torch.dtype = torch.float32):

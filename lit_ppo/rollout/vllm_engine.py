@@ -17,6 +17,7 @@ from typing import Iterable
 
 import torch
 
+from lit_ppo.models import save_checkpoint
 from lit_ppo.rollout.engine import Completion, SamplingParams
 
 FALLBACK = "use rollout=hf (the transformers engine) instead"
@@ -59,8 +60,7 @@ class VLLMEngine:
         self._sleeps = on_gpu
         self._asleep = False
         self._dir = tempfile.mkdtemp(prefix="lit_ppo_vllm_")
-        model.save_pretrained(self._dir)
-        tokenizer.save_pretrained(self._dir)
+        save_checkpoint(model, tokenizer, self._dir)
         if max_model_len is None:
             max_model_len = getattr(model.config, "max_position_embeddings", None)
         if kv_cache_gib is None and not on_gpu:

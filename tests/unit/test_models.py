@@ -18,6 +18,7 @@ from lit_ppo.models import (
     build_reference,
     build_tiny,
     load_causal_lm,
+    save_checkpoint,
     token_logprobs,
 )
 from lit_ppo.sampling import allowed_mask, sampling_logits, sampling_logprobs
@@ -139,18 +140,17 @@ def test_tiny_cache_is_reused(tmp_path, monkeypatch):
 
 def test_killed_build_leaves_no_cache_entry(tmp_path, monkeypatch):
     cfg = TinyModelConfig()
-    real_build = models._build_tiny_fresh
+    real_save = models.save_checkpoint
 
-    def dies_while_writing(c):
-        model, tok = real_build(c)
-        model.save_pretrained = lambda path: ((path / "model.safetensors").write_bytes(b"half"), 1 / 0)
-        return model, tok
+    def dies_while_writing(model, tokenizer, path):
+        (path / "model.safetensors").write_bytes(b"half")
+        raise ZeroDivisionError
 
-    monkeypatch.setattr(models, "_build_tiny_fresh", dies_while_writing)
+    monkeypatch.setattr(models, "save_checkpoint", dies_while_writing)
     with pytest.raises(ZeroDivisionError):
         build_tiny(cfg, tmp_path)
     assert list(tmp_path.iterdir()) == []  # neither an entry nor the temporary directory
-    monkeypatch.setattr(models, "_build_tiny_fresh", real_build)
+    monkeypatch.setattr(models, "save_checkpoint", real_save)
     model, _ = build_tiny(cfg, tmp_path)
     assert (tmp_path / cfg.cache_name() / "model.safetensors").stat().st_size > 1000
 
@@ -164,6 +164,23 @@ def test_cache_lost_race_uses_the_published_entry(tmp_path):
     path = models._cached(tmp_path, "entry", other_process_wins)
     assert path == tmp_path / "entry" and sorted(p.name for p in path.iterdir()) == ["theirs"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["entry"]
+
+
+def test_save_checkpoint_stores_tied_weights_once(tmp_path):
+    from safetensors import safe_open
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _, tok = build_tiny(TinyModelConfig(), tmp_path / "cache")
+    torch.manual_seed(0)
+    tied = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=True))
+    save_checkpoint(tied, tok, tmp_path / "tied")
+    with safe_open(tmp_path / "tied" / "model.safetensors", "pt") as f:
+        assert "model.embed_tokens.weight" in f.keys() and "lm_head.weight" not in f.keys()
+    loaded, loaded_tok = load_causal_lm(str(tmp_path / "tied"))
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    assert all(torch.equal(a, b) for a, b in zip(tied.state_dict().values(), loaded.state_dict().values()))
+    assert loaded_tok.chat_template == tok.chat_template
 
 
 def test_load_causal_lm_sources(tmp_path, monkeypatch):
