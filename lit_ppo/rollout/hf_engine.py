@@ -1,7 +1,9 @@
 """HFEngine: a rollout engine on a plain transformers causal LM (CPU and GPU, always available).
 
 The engine keeps its own copy of the policy weights, so sampling never touches the trainer's
-parameters, and decodes a batch of left-padded prompts step by step with the model's KV cache.
+parameters, and decodes a batch of left-padded prompts step by step with the model's KV cache,
+prefilling each prompt once for all its samples and dropping every sequence from the batch as soon
+as it stops.
 Each step samples from ``lit_ppo.sampling.sampling_logits`` (allowed tokens, temperature, top-k,
 top-p) and records the log-prob of the sampled token under exactly that distribution: the
 trainer's recompute with ``sampling_logprobs`` gives the same number.
@@ -80,13 +82,22 @@ class HFEngine:
 
     def _decode(self, prompts: list[list[int]], seeds: list[int], params: SamplingParams,
                 stop: torch.Tensor, allowed: torch.Tensor | None) -> list[Completion]:
-        """Sample one completion per row of ``prompts`` (one decoding batch)."""
-        B, width, steps = len(prompts), max(len(p) for p in prompts), params.max_new_tokens
-        input_ids = torch.full((B, width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((B, width), dtype=torch.long)
-        for r, p in enumerate(prompts):
-            input_ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            attention_mask[r, width - len(p):] = 1
+        """Sample one completion per row of ``prompts`` (one decoding batch).
+
+        Rows of one prompt are adjacent: each distinct prompt is prefilled once and its KV cache is
+        shared by its rows. A row that stops leaves the batch (and the cache) at once, so the work
+        per step follows the sequences still running.
+        """
+        B, steps = len(prompts), params.max_new_tokens
+        starts = [r == 0 or prompts[r] != prompts[r - 1] for r in range(B)]
+        distinct = [r for r in range(B) if starts[r]]
+        source = (torch.tensor(starts).cumsum(0) - 1).to(self.device)  # row -> its distinct prompt
+        width = max(len(prompts[r]) for r in distinct)
+        input_ids = torch.full((len(distinct), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(distinct), width), dtype=torch.long)
+        for u, r in enumerate(distinct):
+            input_ids[u, width - len(prompts[r]):] = torch.tensor(prompts[r], dtype=torch.long)
+            attention_mask[u, width - len(prompts[r]):] = 1
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         # Left padding must not shift positions: each row counts from its first real token.
         position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
@@ -97,28 +108,34 @@ class HFEngine:
 
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        cache.batch_select_indices(source)
+        logits, attention_mask, positions = out.logits[source, -1], attention_mask[source], position_ids[source, -1:]
         tokens = torch.zeros((B, steps), dtype=torch.long, device=self.device)
         logprobs = torch.zeros((B, steps), dtype=torch.float32, device=self.device)
         lengths = torch.full((B,), steps, dtype=torch.long, device=self.device)
         stopped = torch.zeros(B, dtype=torch.bool, device=self.device)
-        positions = position_ids[:, -1:]
+        live = torch.arange(B, device=self.device)  # the batch rows still decoding, in cache order
         for t in range(steps):
-            logp = sampling_logits(out.logits[:, -1], temperature=params.temperature, top_k=params.top_k,
-                                   top_p=params.top_p, allowed=allowed).log_softmax(-1)
-            token = _inverse_cdf(logp.exp(), uniforms[:, t])
-            tokens[:, t] = token
-            logprobs[:, t] = logp.gather(1, token[:, None]).squeeze(1)
-            # Finished rows keep decoding (cheaper than reshaping the cache); their extra tokens are
-            # cut off below by ``lengths``.
-            newly = ~stopped & torch.isin(token, stop)
-            lengths[newly] = t + 1
-            stopped |= newly
-            if t + 1 == steps or bool(stopped.all()):
+            logp = sampling_logits(logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                                   allowed=allowed).log_softmax(-1)
+            token = _inverse_cdf(logp.exp(), uniforms[live, t])
+            tokens[live, t] = token
+            logprobs[live, t] = logp.gather(1, token[:, None]).squeeze(1)
+            done = torch.isin(token, stop)
+            lengths[live[done]] = t + 1
+            stopped[live[done]] = True
+            running = ~done
+            if t + 1 == steps or not bool(running.any()):
                 break
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((B, 1))], 1)
+            if not bool(running.all()):
+                keep = running.nonzero().squeeze(1)
+                cache.batch_select_indices(keep)
+                live, token, attention_mask, positions = (x[keep] for x in (live, token, attention_mask, positions))
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(live), 1))], 1)
             positions = positions + 1
-            out = self.model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=positions,
-                             past_key_values=out.past_key_values, use_cache=True)
+            logits = self.model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=positions,
+                                past_key_values=cache, use_cache=True).logits[:, -1]
 
         tokens, logprobs, lengths, stopped = tokens.cpu(), logprobs.cpu(), lengths.tolist(), stopped.tolist()
         return [Completion(token_ids=tokens[r, :lengths[r]].tolist(), logprobs=logprobs[r, :lengths[r]].tolist(),
