@@ -27,9 +27,10 @@ test: setup
 demo: setup
 	$(PY) -m lit_ppo fit algo=grpo
 	@echo
-	@echo "Metrics, config and sample completions: MLflow run 'grpo' in experiment 'lit_ppo' of ./mlflow.db"
+	@echo "Config and checkpoints: the 'run directory' printed above, runs/lit_ppo/<run>/"
+	@echo "Metrics, config and sample completions: the MLflow run of the same name, experiment 'lit_ppo' of ./mlflow.db"
 	@echo "  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db"
-	@echo "Checkpoints: runs/<experiment>/<run>/checkpoints/ (resume: python -m lit_ppo fit algo=grpo --ckpt_path <file>)"
+	@echo "Resume: python -m lit_ppo fit algo=grpo --ckpt_path runs/lit_ppo/<run>/checkpoints/last.ckpt"
 
 bench: setup
 	$(PY) scripts/bench_algos.py

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import subprocess
 import sys
 import tempfile
 from dataclasses import fields, is_dataclass
@@ -19,15 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.cli import LightningCLI
 
+from lit_ppo.cli_errors import (ConfigError, check_trainer, explain_hydra_error, explain_parser_error, flag_value,
+                                read_config_file, split_arguments)
+from lit_ppo.callbacks.graceful_stop import mark_runs_killed, received_signal
+from lit_ppo.checkpoints import check_resume_args
 from lit_ppo.config import GenerationConfig, PPOActorConfig, PPOCriticConfig
 from lit_ppo.data import RolloutDataModule
+from lit_ppo.errors import RunStopped
 from lit_ppo.module import LitPPO, ModelConfig
-
-
-class ConfigError(ValueError):
-    """A configuration mistake, reported as one line (exit code 2)."""
+from lit_ppo.tracking import RUN_DIR_ENV, TrackedConfig, start, start_mlflow_runs
 
 
 # Hydra root key -> path in LightningCLI's tree.
@@ -53,14 +54,6 @@ def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
 
 
-def git_sha() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 # ---------------------------------------------------------------------------------------------
 # Hydra front end
 # ---------------------------------------------------------------------------------------------
@@ -74,15 +67,12 @@ def _register_resolvers() -> None:
 
 
 def _explain_hydra_error(error: Exception, overrides: list[str]) -> str:
-    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    text = str(error)
     for override in overrides:
         key = override.lstrip("+~").split("=", 1)[0]
-        if "." not in key and (conf_dir() / key).is_dir() and ("Could not find" in text or "not found" in text.lower()):
-            value = override.split("=", 1)[1] if "=" in override else ""
-            return f"{key}={value} is invalid: must be one of {', '.join(group_options(key))}"
-        if f"'{key}'" in text or f"Key '{key.rsplit('.', 1)[-1]}'" in text:
+        if ("Could not override" in text and f"'{key}'" in text) or f"Key '{key.rsplit('.', 1)[-1]}'" in text:
             return f"{key} is not a key{_suggest(key)}"
-    return text
+    return explain_hydra_error(error, group_options)
 
 
 def _known_keys() -> dict[str, list[str]]:
@@ -90,7 +80,7 @@ def _known_keys() -> dict[str, list[str]]:
     return {"actor": [f.name for f in fields(PPOActorConfig)], "critic": [f.name for f in fields(PPOCriticConfig)],
             "gconfig": [f.name for f in fields(GenerationConfig)], "model": [f.name for f in fields(ModelConfig)],
             "data": list(inspect.signature(RolloutDataModule.__init__).parameters)[1:],
-            "rollout": ["engine", "engine_kwargs"],
+            "rollout": ["engine", "engine_kwargs", "max_logp_gap"],
             "trainer": list(inspect.signature(__import__("lightning").Trainer.__init__).parameters)[1:]}
 
 
@@ -166,12 +156,9 @@ def to_lightning_tree(hydra_tree: dict) -> dict:
         else:
             node[leaf] = value
     for key, value in rollout.items():
-        if key not in ("engine", "engine_kwargs"):
-            raise ConfigError(f"rollout.{key} is not a key: must be one of engine, engine_kwargs")
+        if key not in ("engine", "engine_kwargs", "max_logp_gap"):
+            raise ConfigError(f"rollout.{key} is not a key: must be one of engine, engine_kwargs, max_logp_gap")
         out["data"][key] = value
-    logger = out["trainer"].get("logger")
-    if isinstance(logger, dict) and "MLFlowLogger" in logger.get("class_path", ""):
-        logger.setdefault("init_args", {}).setdefault("tags", {})["git_sha"] = git_sha()
     return out
 
 
@@ -229,37 +216,12 @@ def validate(tree: dict) -> None:
 
         warnings.warn("actor.reward_norm.mean_level=group with gconfig.n_samples=1: singleton group centering "
                       "erases the task reward", UserWarning, stacklevel=2)
-    trainer = tree.get("trainer") or {}
-    allowed = list(inspect.signature(__import__("lightning").Trainer.__init__).parameters)[1:]
-    for name in trainer:
-        if name not in allowed:
-            close = difflib.get_close_matches(name, allowed, n=1)
-            hint = f" (did you mean trainer.{close[0]}?)" if close else ""
-            raise ConfigError(f"trainer.{name} is not a key{hint}")
+    check_trainer(tree.get("trainer") or {})
 
 
 # ---------------------------------------------------------------------------------------------
 # LightningCLI
 # ---------------------------------------------------------------------------------------------
-
-class TrackedConfig(SaveConfigCallback):
-    """Saves the resolved config as ``config.yaml`` in the run directory and as an artifact of every
-    MLflow run (an MLflow logger with a database store has no log directory of its own)."""
-
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        # trainer.log_dir is a broadcast: read it on every rank, not only in rank 0's save_config.
-        self.run_dir = Path(trainer.log_dir or trainer.default_root_dir)
-        super().setup(trainer, pl_module, stage)
-
-    def save_config(self, trainer, pl_module, stage: str) -> None:
-        text = self.parser.dump(self.config, skip_none=False)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(text)
-        for logger in trainer.loggers:
-            run_id = getattr(logger, "run_id", None)
-            if run_id and hasattr(logger.experiment, "log_text"):
-                logger.experiment.log_text(run_id, text, "config.yaml")
-
 
 class LitPPOCLI(LightningCLI):
     def __init__(self, args: list[str]):
@@ -267,15 +229,25 @@ class LitPPOCLI(LightningCLI):
                          save_config_kwargs={"overwrite": True, "save_to_log_dir": False}, parser_kwargs={"exit_on_error": False},
                          seed_everything_default=0, auto_configure_optimizers=False)
 
+    def before_instantiate_classes(self) -> None:
+        # Before any model loads: a tracking store that answers (else a ConfigError), the run's own directory.
+        self.run_dir = start(self.config[self.subcommand])
+        self.save_config_kwargs["run_dir"] = self.run_dir
 
-def _one_line(error: BaseException) -> str:
-    """The most specific line of a (possibly multi-line) parser error."""
-    lines = [line.strip(" -") for line in str(error).splitlines() if line.strip(" -")]
-    for marker in ("is invalid", "is not a key", "must", "unrecognized arguments", "not a valid", "does not"):
-        for line in lines:
-            if marker in line:
-                return line
-    return lines[0] if lines else type(error).__name__
+    def instantiate_trainer(self, **kwargs):
+        # Whatever Lightning writes under default_root_dir lands in the run directory too.
+        if self.run_dir is not None:
+            kwargs.setdefault("default_root_dir", str(self.run_dir))
+        trainer = super().instantiate_trainer(**kwargs)
+        start_mlflow_runs(trainer.loggers, self.run_dir)
+        return trainer
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        finally:
+            if received_signal() is not None:
+                mark_runs_killed(self.trainer)
 
 
 # Lightning notes about choices LitPPO makes on purpose: checkpoints hold the weights after the
@@ -287,6 +259,19 @@ EXPECTED_WARNINGS = ("Using ModelCheckpoint with manual optimization", "You are 
                      "LightningCLI's args parameter is intended")
 
 
+def _keep_traceback(error: BaseException) -> Path | None:
+    """Append the traceback of a stopped run to its run directory's ``error.log``; that file."""
+    import os
+    import traceback
+
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if run_dir and Path(run_dir).is_dir():
+        with open(Path(run_dir) / "error.log", "a", encoding="utf-8") as log:
+            log.write("".join(traceback.format_exception(error)))
+        return Path(run_dir) / "error.log"
+    return None
+
+
 def run(argv: list[str]) -> int:
     """``fit`` with Hydra overrides and/or LightningCLI flags; returns the exit code."""
     import warnings
@@ -294,24 +279,20 @@ def run(argv: list[str]) -> int:
     for message in EXPECTED_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
     subcommand, rest = argv[0], argv[1:]
-    overrides = [a for a in rest if "=" in a and not a.startswith("-")]
-    flags = [a for a in rest if a not in overrides]
     try:
-        if "--config" in flags:
+        overrides, flags = split_arguments(rest)
+        config_file = flag_value(flags, "--config")
+        if config_file is not None:
             if overrides:
                 raise ConfigError("give either Hydra overrides (key=value) or --config run.yaml, not both")
-            i = flags.index("--config")
-            if i + 1 >= len(flags):
-                raise ConfigError("--config needs a YAML file")
-            path = Path(flags[i + 1])
-            if not path.is_file():
-                raise ConfigError(f"--config {path}: no such file")
-            loaded = yaml.safe_load(path.read_text()) or {}
+            loaded = read_config_file(config_file)
             validate({k: v for k, v in loaded.items() if k in ("model", "data", "trainer")})
+            check_resume_args(flags, loaded, error=ConfigError)
             args = [subcommand] + flags
         else:
             tree = compose(overrides)
             validate(tree)
+            check_resume_args(flags, tree, error=ConfigError)
             handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="lit_ppo_", delete=False)
             with handle:
                 yaml.safe_dump(tree, handle, sort_keys=False)
@@ -320,14 +301,22 @@ def run(argv: list[str]) -> int:
         saved_argv, sys.argv = sys.argv, [sys.argv[0], *argv]
         try:
             LitPPOCLI(args)
+        except SystemExit:  # Lightning exits after a stop signal that abandoned an iteration
+            if received_signal() is None:
+                raise
         finally:
             sys.argv = saved_argv
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except RunStopped as e:
+        log = _keep_traceback(e)
+        print(f"error: {e}" + (f" (traceback in {log})" if log else ""), file=sys.stderr)
+        return 1
     except Exception as e:  # jsonargparse parse errors arrive as ArgumentError / ValueError
         if type(e).__name__ in ("ArgumentError", "NSKeyError") or isinstance(e, SystemExit):
-            print(f"error: {_one_line(e)}", file=sys.stderr)
+            print(f"error: {explain_parser_error(e)}", file=sys.stderr)
             return 2
         raise
-    return 0
+    signum = received_signal()
+    return 0 if signum is None else 128 + signum

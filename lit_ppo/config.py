@@ -255,6 +255,10 @@ class PPOActorConfig:
     'seq-mean-token-sum-norm' (Dr.GRPO: token sum over sequences x max_new_tokens)."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient; 0 logs entropy only (AReaL)."""
+    max_skipped_steps: int = 3
+    """An optimizer step (actor or critic) whose loss or gradient norm is not finite is skipped: no
+    update, counted in actor/skipped_steps or critic/skipped_steps. The run stops with an error once
+    this many consecutive RL iterations each had a skipped step (1: stop at the first one)."""
 
     def __post_init__(self):
         from lit_ppo.algos.gae import ADVANTAGE_ESTIMATORS
@@ -283,6 +287,7 @@ class PPOActorConfig:
         _check_positive_int("max_new_tokens", self.max_new_tokens)
         _check_number("temperature", self.temperature, low=0.0, low_open=True)
         _check_number("entropy_coef", self.entropy_coef, low=0.0)
+        _check_positive_int("max_skipped_steps", self.max_skipped_steps)
         if self.overlong_reward_penalty:
             if self.overlong_tokens is None or self.overlong_penalty_factor is None:
                 _fail("overlong_reward_penalty", True, "used with overlong_tokens and overlong_penalty_factor set")

@@ -19,9 +19,11 @@ import lightning as L
 import torch
 
 from lit_ppo.config import GenerationConfig
+from lit_ppo.errors import RunStopped
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.engine import RolloutEngine, SamplingParams
-from lit_ppo.rollout.workflows import MultiTurnWorkflow, SingleTurnWorkflow, check_turn_settings, is_multi_turn
+from lit_ppo.rollout.workflows import (MultiTurnWorkflow, SingleTurnWorkflow, check_invalid_reward_action,
+                                       check_turn_settings, is_multi_turn)
 from lit_ppo.tasks import build_task
 
 ENGINES = ("hf", "vllm")
@@ -69,13 +71,31 @@ class RolloutDataModule(L.LightningDataModule):
             ``environment(problem)``, e.g. 'calculator'); ignored by single-turn tasks.
         turn_discount: factor in (0, 1] applied to a multi-turn episode's reward once per assistant
             turn after the first; ignored by single-turn tasks.
+        on_invalid_reward: a reward that is not a finite real number (NaN, inf, None, a string)
+            fails the iteration with an error naming the task, the prompt and the value ('error'), or
+            drops that prompt's whole group ('drop'), counted in ``rollout/invalid_rewards``; dropped
+            groups count as tried for ``dynamic_bs`` and ``max_attempts_factor``.
+        max_logp_gap: largest mean |behaviour - trainer| log-prob gap, in nats per token, allowed on
+            the tokens of a batch sampled by the current policy version (every token in synchronous
+            training): above it the run stops, before any optimizer step on that batch, with an
+            error naming the engine, since the engine is then not sampling from the trainer's
+            weights. Measured by the trainer's recompute pass (``actor.recompute_logprob`` or the
+            decoupled loss) or else by the first minibatch's forward pass, as the token mean over
+            all ranks. The default 1e-3 is meant for float32 end to end, where the gap measures
+            about 1e-6 for both engines. It is used as given whatever the precision: where the engine
+            and the trainer compute in different precisions (``model.dtype`` or
+            ``rollout.engine_kwargs.dtype`` not float32, ``trainer.precision`` not 32), precision
+            alone gives larger gaps (measured 6e-3 with a bfloat16 vLLM engine and a float32 trainer
+            on the tiny model, more on larger ones), so such runs raise it (e.g. 0.05; the error
+            names the lower-precision settings) or set it to None (null) to disable the check.
     """
 
     def __init__(self, task: str = "arithmetic", task_kwargs: dict | None = None,
                  gconfig: GenerationConfig | None = None, batch_size: int = 32, engine: str = "hf",
                  engine_kwargs: dict | None = None,
                  dynamic_filter_fn: str | None = None, dynamic_bs: bool = False, max_attempts_factor: int = 8,
-                 system_prompt: str | None = None, seed: int = 0, max_turns: int = 4, turn_discount: float = 1.0):
+                 system_prompt: str | None = None, seed: int = 0, max_turns: int = 4, turn_discount: float = 1.0,
+                 on_invalid_reward: str = "error", max_logp_gap: float | None = 1e-3):
         super().__init__()
         if engine not in ENGINES:
             raise ValueError(f"data.engine={engine!r} is invalid: must be one of {', '.join(map(repr, ENGINES))}")
@@ -84,6 +104,10 @@ class RolloutDataModule(L.LightningDataModule):
         if not isinstance(max_attempts_factor, int) or max_attempts_factor < 1:
             raise ValueError(f"data.max_attempts_factor={max_attempts_factor!r} is invalid: must be a positive integer")
         check_turn_settings(max_turns, turn_discount, prefix="data.")
+        check_invalid_reward_action(on_invalid_reward, prefix="data.")
+        if max_logp_gap is not None and (isinstance(max_logp_gap, bool) or not isinstance(max_logp_gap, (int, float))
+                                         or not max_logp_gap > 0):
+            raise ValueError(f"rollout.max_logp_gap={max_logp_gap!r} is invalid: must be a positive number or null")
         self.task = build_task(task, **(task_kwargs or {}))
         self.gconfig = gconfig or GenerationConfig()
         self.batch_size = batch_size
@@ -98,6 +122,8 @@ class RolloutDataModule(L.LightningDataModule):
         self.seed = seed
         self.max_turns = max_turns
         self.turn_discount = turn_discount
+        self.on_invalid_reward = on_invalid_reward
+        self.max_logp_gap = None if max_logp_gap is None else float(max_logp_gap)
         self.engine: RolloutEngine | None = None
         self.workflow: SingleTurnWorkflow | MultiTurnWorkflow | None = None
         # Position in the prompt stream and the number of generate calls: the resumable state.
@@ -105,6 +131,9 @@ class RolloutDataModule(L.LightningDataModule):
         self.cursor = 0
         self.requests = 0
         self._empty_in_a_row = 0
+        self.collecting = False
+        """True while a batch is being generated (from its first prompt until it is handed over)."""
+        self._boundary = self.state_dict()
 
     # ------------------------------------------------------------------ sampling distribution
     def sampling_params(self, tokenizer) -> SamplingParams:
@@ -123,12 +152,15 @@ class RolloutDataModule(L.LightningDataModule):
         params = self.sampling_params(module.tokenizer)
         if is_multi_turn(self.task):
             self.workflow = MultiTurnWorkflow(module.tokenizer, self.task, params, self.max_turns,
-                                              self.turn_discount, self.system_prompt)
+                                              self.turn_discount, self.system_prompt, self.on_invalid_reward)
         else:
-            self.workflow = SingleTurnWorkflow(module.tokenizer, self.task, params, self.system_prompt)
+            self.workflow = SingleTurnWorkflow(module.tokenizer, self.task, params, self.system_prompt,
+                                               self.on_invalid_reward)
         return self._stream()
 
     def state_dict(self) -> dict:
+        if self.collecting:  # an abandoned batch: resume where the last completed one left the stream
+            return dict(self._boundary)
         return {"epoch": self.epoch, "cursor": self.cursor, "requests": self.requests}
 
     def load_state_dict(self, state: dict) -> None:
@@ -176,23 +208,28 @@ class RolloutDataModule(L.LightningDataModule):
 
     def _stream(self) -> Iterator[RolloutBatch]:
         while True:
-            yield self.collect()
+            self._boundary = self.state_dict()
+            self.collecting = True  # stays True if generation is interrupted: the batch never completed
+            batch = self.collect()
+            self.collecting = False
+            yield batch
 
     def collect(self) -> RolloutBatch:
         """One iteration's batch: generate, score and filter groups until it is full."""
         start = time.perf_counter()
         self.engine.wake()
         accepted: list[RolloutBatch] = []
-        tried = rejected = 0
+        tried = rejected = invalid = 0
         limit = self.batch_size * self.max_attempts_factor
         while True:
             wanted = self.batch_size - (tried if self.dynamic_bs else len(accepted))
             if wanted <= 0:
                 break
             if not self.dynamic_bs and tried >= limit:
-                raise RuntimeError(
-                    f"data.dynamic_filter_fn={self.dynamic_filter_fn!r} accepted {len(accepted)} of {tried} groups, "
-                    f"fewer than data.batch_size={self.batch_size} within data.max_attempts_factor="
+                dropped = f" ({invalid} dropped for invalid rewards)" if invalid else ""
+                raise RunStopped(
+                    f"data.dynamic_filter_fn={self.dynamic_filter_fn!r} accepted {len(accepted)} of {tried} groups"
+                    f"{dropped}, fewer than data.batch_size={self.batch_size} within data.max_attempts_factor="
                     f"{self.max_attempts_factor}: loosen the filter, raise the factor, or use data.dynamic_bs=true")
             seed = _seed(self.seed, self.trainer.global_rank, self.requests)
             self.requests += 1
@@ -203,19 +240,26 @@ class RolloutDataModule(L.LightningDataModule):
                 group.group_sizes = torch.tensor([size])
                 start_row += size
                 tried += 1
-                if self.accept is None or self.accept(group):
+                # Only data.on_invalid_reward=drop lets a non-finite reward get here (as NaN); the
+                # filter never sees such a group.
+                if not bool(torch.isfinite(group.rewards).all()):
+                    invalid += 1
+                elif self.accept is None or self.accept(group):
                     accepted.append(group)
                 else:
                     rejected += 1
         self.engine.sleep()  # frees accelerator memory for the update (where the engine supports it)
         metrics = {"rollout/accepted": float(len(accepted)), "rollout/rejected": float(rejected),
+                   "rollout/invalid_rewards": float(invalid),
                    "time/generate_s": time.perf_counter() - start}
         if not accepted:
             self._empty_in_a_row += 1
             if self._empty_in_a_row >= self.max_attempts_factor:
-                raise RuntimeError(
+                dropped = f", the last dropped {invalid} for invalid rewards" if invalid else ""
+                raise RunStopped(
                     f"data.dynamic_filter_fn={self.dynamic_filter_fn!r} accepted no group in {self._empty_in_a_row} "
-                    f"consecutive iterations (data.max_attempts_factor={self.max_attempts_factor}): loosen the filter")
+                    f"consecutive iterations (data.max_attempts_factor={self.max_attempts_factor}{dropped}): "
+                    f"loosen the filter")
             batch = _empty_batch()
         else:
             self._empty_in_a_row = 0

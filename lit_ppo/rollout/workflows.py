@@ -7,16 +7,21 @@ behaviour log-probs and policy version). ``episodes_to_batch`` lays episodes out
 workflow has one context and one generated segment per episode; ``MultiTurnWorkflow`` alternates
 policy turns with environment turns (tool output, user feedback) in the same record and reuses the
 same converter. A task is multi-turn when it provides ``environment(problem)`` (``MultiTurnTask``).
+Both workflows pass every reward through ``checked_reward``: one that is not a finite real number
+raises, or becomes NaN so that the collector drops its group (``on_invalid_reward``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
+import numbers
 from dataclasses import dataclass, field, replace
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from lit_ppo.errors import RunStopped
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.engine import Completion, RolloutEngine, SamplingParams
 from lit_ppo.tasks.base import Problem, Task
@@ -66,6 +71,74 @@ class Episode:
         self.truncated = not completion.stopped
 
 
+INVALID_REWARD_ACTIONS = ("error", "drop")
+"""What a workflow does with a reward that is not a finite real number: raise, or record NaN so that
+the collector drops the row's whole group."""
+
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def check_invalid_reward_action(value: Any, prefix: str = "") -> None:
+    """ValueError naming ``on_invalid_reward`` (with ``prefix``, e.g. 'data.') unless it is allowed."""
+    if value not in INVALID_REWARD_ACTIONS:
+        raise ValueError(f"{prefix}on_invalid_reward={value!r} is invalid: must be one of "
+                         f"{', '.join(map(repr, INVALID_REWARD_ACTIONS))}")
+
+
+def _scalar(value: Any) -> Any:
+    """A 0-d torch tensor, numpy scalar or 0-d array as the Python number it holds; anything else as is."""
+    if not isinstance(value, numbers.Real) and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def reward_problem(value: Any) -> str | None:
+    """Why ``value`` is not a usable reward, or None if it is one.
+
+    A reward is a real number: int, float, bool (True is 1.0, as in Python arithmetic), or a 0-d
+    torch tensor, numpy scalar or 0-d array holding one; it must be finite and within float32 range,
+    since the batch stores rewards as float32 and a larger finite value would become inf there.
+    None, strings (even '1.0'), complex numbers and tensors with a dimension (even of size 1) are not
+    rewards.
+    """
+    value = _scalar(value)
+    if not isinstance(value, numbers.Real):
+        return "not a real number"
+    try:
+        number = float(value)
+    except OverflowError:  # an int or Fraction beyond any float
+        return "outside the float32 range"
+    if not math.isfinite(number):
+        return "not finite"
+    if abs(number) > _FLOAT32_MAX:
+        return "outside the float32 range"
+    return None
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def checked_reward(value: Any, *, task: str, prompt: str, completion: str, on_invalid: str = "error") -> float:
+    """``value`` as a float if it is a reward (see ``reward_problem``). Otherwise, with
+    ``on_invalid='error'``, ValueError in one line naming the task, the prompt, the completion and the
+    value; with 'drop', NaN (the collector drops the group of a row whose reward is not finite)."""
+    problem = reward_problem(value)
+    if problem is None:
+        return float(_scalar(value))
+    if on_invalid == "drop":
+        return math.nan
+    # repr keeps the message on one line whatever the texts hold; the cuts keep it readable.
+    raise RunStopped(f"task {task!r} returned reward {_short(repr(value), 40)} for prompt "
+                     f"{_short(repr(prompt), 80)} (completion {_short(repr(completion), 40)}): {problem}; rewards "
+                     f"must be finite real numbers (set data.on_invalid_reward=drop to drop such groups)")
+
+
+def task_name(task: Task) -> str:
+    """The task's ``name``, or its class name for a task without one."""
+    return str(getattr(task, "name", type(task).__name__))
+
+
 def episodes_to_batch(episodes: list[Episode], group_sizes: list[int], pad_id: int) -> RolloutBatch:
     """Label-aligned ``RolloutBatch`` of ``episodes`` (one row each, in order), right-padded with ``pad_id``.
 
@@ -113,13 +186,19 @@ class SingleTurnWorkflow:
             task's ``allowed_completion_tokens`` restrict them, since the trainer must apply the same
             restriction to its log-probs).
         system_prompt: optional system message placed before the user message.
+        on_invalid_reward: a reward that is not a finite real number (``reward_problem``) raises a
+            ValueError naming the task, prompt and value ('error'), or becomes NaN ('drop') so that the
+            collector drops its group.
     """
 
-    def __init__(self, tokenizer, task: Task, params: SamplingParams, system_prompt: str | None = None):
+    def __init__(self, tokenizer, task: Task, params: SamplingParams, system_prompt: str | None = None,
+                 on_invalid_reward: str = "error"):
+        check_invalid_reward_action(on_invalid_reward)
         self.tokenizer = tokenizer
         self.task = task
         self.system_prompt = system_prompt
         self.params = params
+        self.on_invalid_reward = on_invalid_reward
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def prompt_ids(self, problem: Problem) -> list[int]:
@@ -145,8 +224,9 @@ class SingleTurnWorkflow:
                 raise ValueError(f"engine returned {len(completions)} completions for a prompt, expected n={params.n}")
             for completion in completions:
                 text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-                episode = Episode(prompt=problem.prompt, completion=text,
-                                  reward=float(self.task.reward(problem, text)))
+                reward = checked_reward(self.task.reward(problem, text), task=task_name(self.task),
+                                        prompt=problem.prompt, completion=text, on_invalid=self.on_invalid_reward)
+                episode = Episode(prompt=problem.prompt, completion=text, reward=reward)
                 episode.add_context(prompt)
                 episode.add_generation(completion, version)
                 episodes.append(episode)
@@ -170,7 +250,7 @@ class Environment(Protocol):
         ``feedback`` is the next user message (tool output, user feedback), or None to end the
         episode. ``reward`` is the episode's reward should it end after this turn (the workflow may
         also end it at ``max_turns`` or on a truncated turn); None keeps the last reported one (0.0
-        if none was).
+        if none was). Any other value must be a finite real number (``reward_problem``).
         """
 
 
@@ -243,13 +323,18 @@ class MultiTurnWorkflow:
         max_turns: most assistant turns per episode (>= 1).
         turn_discount: factor in (0, 1] applied to the reward once per assistant turn after the first.
         system_prompt: optional system message before the first user message.
+        on_invalid_reward: a reported reward that is not a finite real number (``reward_problem``)
+            raises a ValueError naming the task, the first user message and the value ('error'), or
+            ends the episode with reward NaN ('drop') so that the collector drops its group.
     """
 
     def __init__(self, tokenizer, task: MultiTurnTask, params: SamplingParams, max_turns: int,
-                 turn_discount: float = 1.0, system_prompt: str | None = None):
+                 turn_discount: float = 1.0, system_prompt: str | None = None, on_invalid_reward: str = "error"):
         if not is_multi_turn(task):
             raise TypeError(f"task {getattr(task, 'name', task)!r} has no environment(problem): it is not multi-turn")
         check_turn_settings(max_turns, turn_discount)
+        check_invalid_reward_action(on_invalid_reward)
+        self.on_invalid_reward = on_invalid_reward
         self.tokenizer = tokenizer
         self.task = task
         self.params = params
@@ -338,8 +423,11 @@ class MultiTurnWorkflow:
                 text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
                 feedback, reward = state.env.step(text)
                 if reward is not None:
-                    state.reward = float(reward)
-                if feedback is None or not completion.stopped or state.turns == self.max_turns:
+                    state.reward = checked_reward(reward, task=task_name(self.task), prompt=state.episode.prompt,
+                                                  completion=text, on_invalid=self.on_invalid_reward)
+                # An invalid (NaN) reward ends the episode: its group is dropped whatever comes later.
+                if feedback is None or not completion.stopped or state.turns == self.max_turns \
+                        or math.isnan(state.reward):
                     state.done = True
                     continue
                 context = self.feedback_ids(feedback, completion.token_ids)

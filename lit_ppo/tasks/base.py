@@ -25,7 +25,8 @@ class Task(Protocol):
         """The problems of 'train' or 'test', in a fixed order (deterministic for a given task config)."""
 
     def reward(self, problem: Problem, completion: str) -> float:
-        """Reward of a completion's text, in [0, 1]."""
+        """Reward of a completion's text, in [0, 1]; anything but a finite real number is an invalid
+        reward (see data.on_invalid_reward)."""
 
     def allowed_completion_tokens(self, tokenizer) -> list[int] | None:
         """Token ids completions may use (the tokenizer's EOS included), or None for all."""

@@ -23,7 +23,7 @@ INSTRUCTION = "Please put your final answer within \\boxed{}."
 def _read_records(path: Path) -> list[dict]:
     """The rows of a .jsonl or .parquet file as dicts; ValueError naming the file otherwise."""
     if not path.is_file():
-        raise ValueError(f"GSM8K file {str(path)!r} does not exist")
+        raise ValueError("no such file")
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         records = []
@@ -40,8 +40,7 @@ def _read_records(path: Path) -> list[dict]:
         import pyarrow.parquet as pq  # present with mlflow; imported only when needed
 
         return pq.read_table(path).to_pylist()
-    raise ValueError(f"GSM8K file {str(path)!r}: unsupported extension {suffix!r} "
-                     f"(use .jsonl or .parquet)")
+    raise ValueError(f"unsupported extension {suffix!r} (use .jsonl or .parquet)")
 
 
 def _gold_number(answer: str) -> str:
@@ -53,12 +52,16 @@ def _gold_number(answer: str) -> str:
     return number
 
 
-def load_problems(path: str | Path) -> tuple[Problem, ...]:
+def load_problems(path: str | Path, key: str = "path") -> tuple[Problem, ...]:
     """GSM8K records of ``path`` as Problems: the question plus the boxed-answer instruction,
-    and the gold number after '####'."""
+    and the gold number after '####'. Errors name ``key``, the setting that gave the path."""
     path = Path(path)
     problems = []
-    for i, record in enumerate(_read_records(path)):
+    try:
+        records = _read_records(path)
+    except ValueError as e:
+        raise ValueError(f"data.task_kwargs.{key}={str(path)!r}: {e}") from None
+    for i, record in enumerate(records):
         if not isinstance(record, dict):
             raise ValueError(f"{path}: record {i} is not an object with fields {', '.join(FIELDS)}")
         for name in FIELDS:
@@ -109,8 +112,8 @@ class GSM8KTask:
             raise ValueError(f"timeout_s={self.timeout_s!r} is invalid: must be > 0 or null")
         # Loaded eagerly so that a wrong path or field fails before any model loads.
         self._splits = {
-            "train": load_problems(self.train_path),
-            "test": load_problems(self.test_path) if self.test_path is not None else (),
+            "train": load_problems(self.train_path, "train_path"),
+            "test": load_problems(self.test_path, "test_path") if self.test_path is not None else (),
         }
 
     def problems(self, split: str) -> Sequence[Problem]:

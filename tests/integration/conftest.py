@@ -20,6 +20,12 @@ def run_cli(args: list[str], cwd: Path, timeout: int = 300, env: dict | None = N
                           timeout=timeout, env=full_env)
 
 
+def run_dir(cwd: Path) -> Path:
+    """The directory of the one run made in ``cwd``: runs/<experiment>/<run name>/."""
+    (config,) = (cwd / "runs").glob("*/*/config.yaml")
+    return config.parent
+
+
 @pytest.fixture
 def cli(tmp_path):
     def call(*args: str, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import lightning as L
@@ -11,7 +12,8 @@ import lightning as L
 
 class RankProbe(L.Callback):
     """Writes ``out_dir/rank<r>.json``: a digest of the rank's final policy weights, a digest of its
-    initial ones and the mismatch metric of every iteration (mean over ranks, as logged)."""
+    initial ones, the mismatch metric of every iteration (mean over ranks, as logged) and the
+    directory its checkpoints go to."""
 
     def __init__(self, out_dir: str):
         self.out_dir = Path(out_dir)
@@ -35,6 +37,8 @@ class RankProbe(L.Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint = trainer.checkpoint_callback
         record = {"world_size": trainer.world_size, "initial": self.initial, "final": self.digest(pl_module),
-                  "mismatch": self.mismatch, "steps": trainer.global_step}
+                  "mismatch": self.mismatch, "steps": trainer.global_step,
+                  "ckpt_dir": os.path.abspath(checkpoint.dirpath) if checkpoint else None}
         (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))

@@ -6,7 +6,7 @@ import pytest
 
 from lit_ppo.cli import group_options
 
-from .conftest import FAST
+from .conftest import FAST, run_dir
 
 PRESETS = group_options("algo")
 
@@ -18,7 +18,7 @@ def test_preset_fits_two_iterations(cli, preset):
     result = cli("fit", f"algo={preset}", *FAST, *extra)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "`Trainer.fit` stopped: `max_steps=2` reached." in result.stderr + result.stdout
-    config = (cli.cwd / "runs" / "config.yaml").read_text()
+    config = (run_dir(cli.cwd) / "config.yaml").read_text()
     assert f"algo: {preset}" in config
 
 

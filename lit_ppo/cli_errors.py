@@ -1,0 +1,281 @@
+"""Bad command-line input as one line naming the key the user typed and what is allowed.
+
+The parsers behind ``python -m lit_ppo fit`` each report mistakes their own multi-line way: Hydra's
+override grammar and config composition, PyYAML for ``--config`` files, jsonargparse for
+LightningCLI's typed arguments, Lightning's Trainer for accelerators, devices, strategies and
+precisions. The functions here check what can be checked before anything is instantiated and
+translate the rest into a ``ConfigError`` of one line (the CLI prints it with exit code 2).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import logging
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration mistake, reported as one line (exit code 2)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line: Hydra overrides and LightningCLI flags
+# ---------------------------------------------------------------------------------------------
+
+_OVERRIDE_KEY = re.compile(r"^[+~]{0,2}[A-Za-z_][\w-]*(\.[\w-]+)*(@[\w.]+)?$")
+_VALUELESS_FLAGS = ("--print_config", "-h", "--help")
+"""Flags that take no separate value (``--print_config=skip_null`` carries its own)."""
+
+
+def split_arguments(args: list[str]) -> tuple[list[str], list[str]]:
+    """``(overrides, flags)``: Hydra ``key=value`` overrides and LightningCLI ``--flag [value]`` pairs.
+
+    A bare word that is neither is a mistake, most often the tail of an unquoted value with spaces.
+    """
+    overrides: list[str] = []
+    flags: list[str] = []
+    takes_value = False
+    for i, arg in enumerate(args):
+        if arg.startswith("-"):
+            flags.append(arg)
+            takes_value = "=" not in arg and arg not in _VALUELESS_FLAGS
+        elif takes_value:  # the value of the flag before it, e.g. --ckpt_path .../epoch=0-step=2.ckpt
+            flags.append(arg)
+            takes_value = False
+        elif "=" not in arg:
+            before = args[i - 1] if i else ""
+            hint = (f" (it follows {before!r}: quote a value that has spaces, e.g. 'data.system_prompt=You are a "
+                    f"tutor')") if "=" in before else ""
+            raise ConfigError(f"{arg!r} is neither key=value nor a --flag{hint}")
+        elif not _OVERRIDE_KEY.match(arg.split("=", 1)[0]):
+            raise ConfigError(f"override {arg!r} is malformed: expected key=value with a dotted key, "
+                              f"e.g. actor.eps_clip=0.2")
+        else:
+            overrides.append(arg)
+    return overrides, flags
+
+
+def flag_value(flags: list[str], name: str) -> str | None:
+    """The value of ``--name X`` or ``--name=X`` in ``flags`` (the last one given), or None."""
+    value = None
+    for i, flag in enumerate(flags):
+        if flag == name:
+            if i + 1 >= len(flags) or flags[i + 1].startswith("-"):
+                raise ConfigError(f"{name} needs a value")
+            value = flags[i + 1]
+        elif flag.startswith(name + "="):
+            value = flag.split("=", 1)[1]
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Hydra
+# ---------------------------------------------------------------------------------------------
+
+def explain_hydra_error(error: Exception, options_of) -> str:
+    """One line for a Hydra / OmegaConf composition error; ``options_of(group)`` lists a group's options."""
+    text = str(error)
+    first = text.splitlines()[0] if text else type(error).__name__
+    missing = re.search(r"Could not find '([\w/]+)/([^']+)'", text)
+    if missing:
+        group, option = missing.groups()
+        return f"{group}={option} is invalid: must be one of {', '.join(options_of(group))}"
+    parse = re.match(r"Error parsing override '(.*)'", first)
+    if parse:
+        reason = text.splitlines()[1] if len(text.splitlines()) > 1 else ""
+        return (f"override {parse.group(1)!r} does not parse ({reason}): quote a value with special characters, "
+                f"e.g. key='a (b)'")
+    ambiguous = re.match(r"Ambiguous value for argument '(.*)'", first)
+    if ambiguous:
+        return (f"override {ambiguous.group(1)!r} is ambiguous: quote the value (key='a, b') or give a list "
+                f"(key=[a,b])")
+    full_key = getattr(error, "full_key", None)
+    if "Missing mandatory value" in first and full_key:
+        return f"{full_key} is required: give {full_key}=<value>"
+    return first
+
+
+# ---------------------------------------------------------------------------------------------
+# --config files
+# ---------------------------------------------------------------------------------------------
+
+SECTIONS = ("model", "data", "trainer")
+
+
+def read_config_file(value: str) -> dict:
+    """The mapping in a ``--config`` YAML file; ConfigError naming the file (and line, column)."""
+    path = Path(value)
+    if path.is_dir():
+        raise ConfigError(f"--config {value} is a directory: give a YAML file (write one with --print_config)")
+    if not path.is_file():
+        raise ConfigError(f"--config {value}: no such file")
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise ConfigError(f"--config {value}: {where}{e.problem or e.context} (not valid YAML)") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"--config {value} cannot be read: {getattr(e, 'strerror', None) or e}") from None
+    if loaded is None:
+        raise ConfigError(f"--config {value} is empty: expected a mapping with keys {', '.join(SECTIONS)} "
+                          f"(write one with --print_config)")
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"--config {value} holds a {type(loaded).__name__}, expected a mapping with keys "
+                          f"{', '.join(SECTIONS)}")
+    return loaded
+
+
+# ---------------------------------------------------------------------------------------------
+# jsonargparse (LightningCLI's typed arguments)
+# ---------------------------------------------------------------------------------------------
+
+def _type_names(expected: list[str]) -> str:
+    """``["typing.Literal[64, 32]", "<class 'int'>", "<class 'NoneType'>"]`` -> "64, 32, int or null"."""
+    names: list[str] = []
+    for text in expected:
+        literal = re.fullmatch(r"typing\.Literal\[(.*)\]", text.strip())
+        cls = re.fullmatch(r"<class '(?:[\w.]+\.)?(\w+)'>", text.strip())
+        if literal:
+            names += [v.strip() for v in literal.group(1).split(",")]
+        elif cls:
+            names.append("null" if cls.group(1) == "NoneType" else cls.group(1))
+        else:
+            names.append(text.strip())
+    names = list(dict.fromkeys(names))
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def explain_parser_error(error: BaseException) -> str:
+    """One line for a jsonargparse error: the full key, the value given and the types it accepts."""
+    text = str(error)
+    keys = re.findall(r'Parser key "([^"]+)"', text)
+    if keys:
+        key = keys[0]
+        owner = re.search(r"Problem with given class_path '(?:[\w.]+\.)?(\w+)'", text)
+        if len(keys) > 1:
+            key = f"{key} ({owner.group(1)}) {keys[-1]}" if owner else f"{key}.{keys[-1]}"
+        block = text[text.rfind("Parser key"):]
+        expected = re.findall(r"Expected an? (.+?)(?:\. Got value:.*)?$", block, re.M)
+        given = re.search(r"(?:Given value|Got value): (.*)$", block, re.M)
+        value = f"={given.group(1).strip()}" if given else ""
+        if expected:
+            return f"{key}{value} is invalid: expected {_type_names(expected)}"
+        reason = [line.strip(" -") for line in block.splitlines()[1:] if line.strip(" -")]
+        return f"{key}{value} is invalid" + (f": {reason[0]}" if reason else "")
+    lines = [line.strip(" -") for line in text.splitlines() if line.strip(" -")]
+    for marker in ("is invalid", "is not a key", "must", "nrecognized arguments", "not a valid", "does not"):
+        for line in lines:
+            if marker in line:
+                return line
+    return lines[0] if lines else type(error).__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# Lightning's Trainer arguments
+# ---------------------------------------------------------------------------------------------
+
+_DEVICE_KEYS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
+"""Trainer arguments whose combination only Lightning's accelerator connector can judge, in the order
+they are added to a probe Trainer (the first whose addition fails is the key to blame)."""
+
+
+def _suggest(name: str, allowed: list[str]) -> str:
+    close = difflib.get_close_matches(name, allowed, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def check_trainer(trainer: dict) -> None:
+    """Check Lightning's own arguments without building a model: names, ``max_steps``, the
+    accelerator / devices / strategy / precision combination on this machine, and the callbacks."""
+    import lightning as L
+
+    allowed = list(inspect.signature(L.Trainer.__init__).parameters)[1:]
+    for name in trainer:
+        if name not in allowed:
+            close = difflib.get_close_matches(name, allowed, n=1)
+            raise ConfigError(f"trainer.{name} is not a key" + (f" (did you mean trainer.{close[0]}?)" if close else ""))
+    max_steps = trainer.get("max_steps", -1)
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or (max_steps < 1 and max_steps != -1):
+        raise ConfigError(f"trainer.max_steps={max_steps!r} is invalid: must be a positive integer (RL iterations) "
+                          f"or -1 (no limit)")
+    _check_devices(trainer)
+    for i, spec in enumerate(trainer.get("callbacks") or []):
+        _check_callback(i, spec)
+
+
+def _check_devices(trainer: dict) -> None:
+    import lightning as L
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+
+    accelerator = trainer.get("accelerator", "auto")
+    if isinstance(accelerator, str) and accelerator != "auto":
+        known = sorted(AcceleratorRegistry.available_accelerators() | {"gpu"})
+        if accelerator not in known:
+            raise ConfigError(f"trainer.accelerator={accelerator} is invalid: must be one of auto, {', '.join(known)}")
+        if not _available(AcceleratorRegistry, "cuda" if accelerator == "gpu" else accelerator):
+            here = sorted(a for a in AcceleratorRegistry.available_accelerators() if _available(AcceleratorRegistry, a))
+            raise ConfigError(f"trainer.accelerator={accelerator} is not available on this machine: available: "
+                              f"auto, {', '.join(here)}")
+    probe: dict[str, Any] = {}
+    quiet = logging.getLogger("lightning.pytorch")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # the probe's "GPU available: ..." lines are printed by the real run
+    try:
+        for key in _DEVICE_KEYS:
+            if key not in trainer or (key == "strategy" and not isinstance(trainer[key], str)):
+                continue
+            probe[key] = trainer[key]
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                              enable_model_summary=False, **probe)
+            except Exception as e:  # MisconfigurationException, ValueError, TypeError, ModuleNotFoundError
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ConfigError(f"trainer.{key}={trainer[key]!r} is invalid here: {reason}") from None
+    finally:
+        quiet.setLevel(level)
+
+
+def _available(registry, name: str) -> bool:
+    try:
+        return bool(registry.get(name).is_available())
+    except Exception:  # e.g. the TPU accelerator raises when torch_xla is not installed
+        return False
+
+
+def _check_callback(index: int, spec: Any) -> None:
+    key = f"trainer.callbacks.{index}"
+    if not isinstance(spec, dict) or "class_path" not in spec:
+        return  # jsonargparse reports other forms with their types
+    path = spec["class_path"]
+    module_name, _, attr = str(path).rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ConfigError(f"{key}.class_path={path!r} cannot be imported ({e})") from None
+    init_args = spec.get("init_args") or {}
+    parameters = inspect.signature(cls.__init__).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        names = [n for n in parameters if n != "self"]
+        for name in init_args:
+            if name not in names:
+                raise ConfigError(f"{key}.init_args.{name} is not an argument of {cls.__name__}"
+                                  f"{_suggest(name, names)}; allowed: {', '.join(names)}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cls(**init_args)
+    except TypeError:
+        pass  # a value of the wrong type: the argument parser names the key and the expected type
+    except Exception as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{key} ({cls.__name__}) is invalid: {reason}") from None

@@ -1,0 +1,178 @@
+"""Every bad input is refused before any model loads: exit code 2, one line, no traceback, naming the key
+the user typed and what is allowed (config fields, group options, Lightning's own arguments, --config
+files, malformed overrides, --ckpt_path)."""
+
+from __future__ import annotations
+
+import pytest
+
+import lit_ppo.cli as cli_module
+from lit_ppo.__main__ import main
+from tests.integration.conftest import run_cli
+
+
+@pytest.fixture(autouse=True)
+def no_model_loading(monkeypatch):
+    """Any attempt to build the model fails the test: errors must come first."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the config error was reported")
+
+    monkeypatch.setattr("lit_ppo.module.load_causal_lm", refuse)
+
+
+def error_of(capsys, *args: str) -> str:
+    code = main(["fit", *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["algo=nope"], "algo=nope is invalid: must be one of dapo, dapo_dynamic_bs, drgrpo, grpo, gspo, icepop, kpop"),
+    (["actor.eps_clp=0.3"], "actor.eps_clp is not a key (did you mean actor.eps_clip?)"),
+    (["+actor.eps_clp=0.3"], "actor.eps_clp is not a key (did you mean actor.eps_clip?)"),
+    (["actor.eps_clip=abc"], "eps_clip='abc' is invalid: must be a finite number >= 0.0"),
+    (["algo=sapo", "actor.use_decoupled_loss=true"], "use_decoupled_loss=True is invalid: must be false with SAPO"),
+    (["rejection=kpop", "actor.rejection_sampling.action=clamp"], "action='clamp' is invalid: must be 'mask' for metric 'binary_kl'"),
+    (["actor.gae_timestep_unit=episode"], "gae_timestep_unit='episode' is invalid: must be one of 'token', 'turn'"),
+    (["+actor.gae_lambda=no.such.module.fn"], "gae_lambda='no.such.module.fn' cannot be imported"),
+    (["gconfig.temperature=0.7"], "actor.temperature=1.0 must equal gconfig.temperature=0.7"),
+    (["data.batch_size=0"], "data.batch_size=0 is invalid: must be a positive integer"),
+    (["+data.bach_size=3"], "data.bach_size is not a key (did you mean data.batch_size?)"),
+    (["trainer.max_stpes=3"], "did you mean trainer.max_steps"),
+    (["model=nope"], "model=nope is invalid: must be one of smollm2, tiny"),
+])
+def test_config_errors_are_one_line(capsys, args, expected):
+    assert expected in error_of(capsys, *args)
+
+
+def test_bad_yaml_config_value(capsys, tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("model:\n  actor:\n    reward_norm: {mean_level: tokens}\n")
+    assert "mean_level='tokens' is invalid: must be one of 'batch', 'group', None" in error_of(
+        capsys, "--config", str(path))
+
+
+def test_yaml_plus_overrides_is_refused(capsys, tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("{}\n")
+    assert "not both" in error_of(capsys, "--config", str(path), "algo=grpo")
+
+
+def test_fields_the_presets_do_not_set_need_no_plus():
+    from lit_ppo.cli import compose
+
+    tree = compose(["algo=grpo", "actor.eps_clip_higher=0.28", "+actor.use_sapo_loss=true", "data.dynamic_bs=true"])
+    assert tree["model"]["actor"]["eps_clip_higher"] == 0.28 and tree["model"]["actor"]["use_sapo_loss"] is True
+    assert tree["data"]["dynamic_bs"] is True
+
+
+def test_unknown_subcommand(capsys):
+    assert main(["train"]) == 2
+    assert "unknown subcommand 'train'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_real_process_exit_code_and_no_traceback(tmp_path):
+    result = run_cli(["fit", "algo=grpo", "actor.eps_clip=-1"], tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == "error: actor.eps_clip=-1 is invalid: must be a finite number >= 0.0"
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "cache").exists()  # nothing was built
+
+
+def test_validate_is_used_by_run(monkeypatch):
+    calls = []
+    monkeypatch.setattr(cli_module, "validate", lambda tree: calls.append(tree) or (_ for _ in ()).throw(
+        cli_module.ConfigError("stop")))
+    assert cli_module.run(["fit", "algo=grpo"]) == 2
+    assert calls and calls[0]["model"]["algo"] == "grpo"
+
+
+@pytest.mark.parametrize("args,expected", [
+    # a wrong option of any group names that group, not another one on the line
+    (["rollout=sglang"], "error: rollout=sglang is invalid: must be one of hf, vllm"),
+    (["trainer=gpu"], "error: trainer=gpu is invalid: must be one of cpu, ddp"),
+    (["algo=grpo", "rejection=popice"], "error: rejection=popice is invalid: must be one of icepop, kpop, none"),
+    (["data=gsm8k"], "error: data.task_kwargs.train_path is required: give data.task_kwargs.train_path=<value>"),
+    (["data=gsm8k", "data.task_kwargs.train_path=nope.jsonl"],
+     "error: data.task_kwargs.train_path='nope.jsonl': no such file"),
+    # Lightning's own arguments
+    (["trainer.max_steps=abc"], "error: trainer.max_steps='abc' is invalid: must be a positive integer"),
+    (["trainer.max_steps=0"], "error: trainer.max_steps=0 is invalid: must be a positive integer (RL iterations) or -1"),
+    (["trainer.devices=0"], "error: trainer.devices=0 is invalid here: `Trainer(devices=0)` value is not a valid input"),
+    (["trainer.accelerator=quantum"], "error: trainer.accelerator=quantum is invalid: must be one of auto, cpu, cuda, gpu"),
+    (["trainer.strategy=nope"], "error: trainer.strategy='nope' is invalid here: You selected an invalid strategy name"),
+    (["trainer.precision=17"], "error: trainer.precision=17 is invalid here: Precision 17 is invalid. Allowed precision"),
+    (["trainer.num_nodes=0"], "error: trainer.num_nodes=0 is invalid here: `num_nodes` must be a positive integer"),
+    (["trainer.enable_progress_bar=maybe"], "error: trainer.enable_progress_bar=maybe is invalid: expected bool or null"),
+    (["trainer.callbacks.0.init_args.every_n_train_step=3"],
+     "error: trainer.callbacks.0.init_args.every_n_train_step is not an argument of ModelCheckpoint "
+     "(did you mean every_n_train_steps?)"),
+    (["trainer.callbacks.0.init_args.every_n_train_steps=abc"],
+     "error: trainer.callbacks (ModelCheckpoint) every_n_train_steps=abc is invalid: expected int or null"),
+    (["trainer.callbacks.1.init_args.every_n_steps=0"],
+     "error: trainer.callbacks.1 (CompletionSamples) is invalid: CompletionSamples(every_n_steps=0, num_samples=8)"),
+    (["trainer.callbacks.0.class_path=no.such.Callback"],
+     "error: trainer.callbacks.0.class_path='no.such.Callback' cannot be imported"),
+    # malformed overrides
+    (["=3"], "error: override '=3' is malformed: expected key=value with a dotted key"),
+    (["actor..eps_clip=3"], "error: override 'actor..eps_clip=3' is malformed"),
+    (["data.system_prompt=You", "are", "a", "tutor"],
+     "error: 'are' is neither key=value nor a --flag (it follows 'data.system_prompt=You': quote a value that has "
+     "spaces"),
+    (["actor.eps_clip=(0.2"], "does not parse (extraneous input '(' "),
+    (["data.system_prompt=a, b"], "is ambiguous: quote the value (key='a, b') or give a list (key=[a,b])"),
+    # --ckpt_path
+    (["--ckpt_path", "nope.ckpt"], "error: --ckpt_path nope.ckpt: no such file"),
+])
+def test_bad_input_is_one_line_naming_the_key(capsys, args, expected):
+    assert expected in error_of(capsys, *args)
+
+
+def test_accelerator_not_on_this_machine(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert "error: trainer.accelerator=gpu is not available on this machine: available: auto, cpu" in error_of(
+        capsys, "trainer.accelerator=gpu")
+
+
+def test_ckpt_path_that_is_a_directory(capsys, tmp_path):
+    assert f"--ckpt_path {tmp_path}" in error_of(capsys, "--ckpt_path", str(tmp_path))
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("", "is empty: expected a mapping with keys model, data, trainer"),
+    ("# nothing but a comment\n", "is empty"),
+    ("- model\n- data\n", "holds a list, expected a mapping with keys model, data, trainer"),
+    ("model:\n  actor: {eps_clip: 0.2\n", "line 3, column 1: "),
+    ("model:\n\tactor: {}\n", "line 2, column 1: "),
+])
+def test_malformed_config_files_name_file_line_and_column(capsys, tmp_path, text, expected):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    err = error_of(capsys, "--config", str(path))
+    assert err.startswith(f"error: --config {path}") and expected in err
+
+
+def test_config_file_that_is_missing_or_a_directory(capsys, tmp_path):
+    assert f"error: --config {tmp_path / 'x.yaml'}: no such file" == error_of(capsys, "--config", str(tmp_path / "x.yaml"))
+    assert "is a directory" in error_of(capsys, "--config", str(tmp_path))
+
+
+def test_a_value_with_spaces_quoted_as_one_argument_is_accepted():
+    from lit_ppo.cli import compose
+
+    tree = compose(["data.system_prompt=You are a patient tutor"])
+    assert tree["data"]["system_prompt"] == "You are a patient tutor"
+
+
+def test_flag_values_may_contain_equals_signs():
+    from lit_ppo.cli_errors import split_arguments
+
+    overrides, flags = split_arguments(["algo=grpo", "--ckpt_path", "runs/x/epoch=0-step=2.ckpt", "--print_config"])
+    assert overrides == ["algo=grpo"] and flags == ["--ckpt_path", "runs/x/epoch=0-step=2.ckpt", "--print_config"]

