@@ -23,7 +23,7 @@ _received: list[int] = []  # signals are per process, and so is the record of on
 
 
 def received_signal() -> int | None:
-    """The first stop signal this process received during training, or None."""
+    """The first stop signal received during this process's latest fit, or None."""
     return _received[0] if _received else None
 
 
@@ -53,6 +53,7 @@ class GracefulStop(L.Callback):
     # ------------------------------------------------------------------ signals
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
         self._trainer = trainer
+        _received.clear()  # a signal stops the fit it arrived in, not a later one in this process
         for signum in SIGNALS:  # signal handlers can only be set from the main thread
             self._previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._handle)

@@ -85,6 +85,13 @@ def assert_same_state(a: dict, b: dict) -> None:
     assert a["RolloutDataModule"] == b["RolloutDataModule"]  # the prompt stream position
 
 
+def resume_to_the_end(work: Path, cache: Path, ckpt: Path) -> dict:
+    """Resume from ``ckpt`` in a new process until max_steps; the final last.ckpt."""
+    code, err = finish(start(work, cache, "logger=none", "--ckpt_path", str(ckpt)))
+    assert code == 0, err[-3000:]
+    return load(sorted(work.glob("runs/*/*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)[-1])
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> tuple[Path, dict]:
     """The reference: the same run, never interrupted; its final last.ckpt."""
@@ -121,11 +128,7 @@ def test_sigterm_finishes_the_iteration_marks_the_run_killed_and_resumes_exactly
     runs = client.search_runs([client.get_experiment_by_name("faults").experiment_id])
     assert [r.info.status for r in runs] == ["KILLED"]
 
-    proc = start(work, cache, "logger=none", "--ckpt_path", str(ckpt))
-    code, err = finish(proc)
-    assert code == 0, err[-3000:]
-    resumed = sorted(work.glob("runs/*/*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)[-1]
-    assert_same_state(load(resumed), reference)
+    assert_same_state(resume_to_the_end(work, cache, ckpt), reference)
 
 
 @pytest.mark.slow
@@ -146,8 +149,31 @@ def test_second_sigint_abandons_generation_and_resumes_exactly(uninterrupted, tm
     # The stream position is where iteration 2 ended: iteration 3's prompts are generated again.
     assert state["RolloutDataModule"]["requests"] == 2
 
-    proc = start(work, cache, "logger=none", "--ckpt_path", str(ckpt))
+    assert_same_state(resume_to_the_end(work, cache, ckpt), reference)
+
+
+@pytest.mark.slow
+def test_sigterm_to_rank_zero_stops_both_ddp_ranks_at_one_boundary(uninterrupted, tmp_path):
+    cache, _ = uninterrupted
+    work = tmp_path / "run"
+    proc = start(work, cache, "logger=none", "trainer=ddp")
+    wait_for_groups(work, proc, 2 * 2 * GROUPS + 1)  # both ranks record their groups: iteration 3 runs
+    proc.send_signal(signal.SIGTERM)  # rank 0 only, as `kill <pid>` or `docker stop` would
     code, err = finish(proc)
-    assert code == 0, err[-3000:]
-    resumed = sorted(work.glob("runs/*/*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)[-1]
-    assert_same_state(load(resumed), reference)
+    assert code == 143, err[-3000:]
+    state = load(last_checkpoint(err, work))
+    assert state["global_step"] == 3
+    # Rank 1 (Lightning's child process, same working directory) ended too instead of waiting in a collective.
+    assert not processes_in(work)
+
+
+def processes_in(workdir: Path) -> list[int]:
+    """Pids of live processes whose working directory is ``workdir``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and Path(os.readlink(entry / "cwd")) == workdir:
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
