@@ -312,6 +312,21 @@ def check_resume(ckpt_path: str, tree: dict) -> None:
     if path in LIGHTNING_CKPT_VALUES or path.startswith("registry:") or "://" in path:
         return
     where = f"--ckpt_path {path}"
+    checkpoint = read_checkpoint(path)
+    saved = checkpoint.get(RECORD_KEY)
+    if not isinstance(saved, dict):
+        raise ValueError(f"{where}: was not written by lit_ppo (no '{RECORD_KEY}' record of its algo, model and task)")
+    differences = _differences(saved, expected_record(tree))
+    if differences:
+        raise ValueError(f"{where}: was made with a different run: {'; '.join(differences)}")
+
+
+def read_checkpoint(ckpt_path: str) -> dict:
+    """The checkpoint at the local ``ckpt_path``, loaded on CPU (memory-mapped) and verified: a
+    one-line ValueError naming ``--ckpt_path`` if it is missing, a directory, unreadable, not loadable,
+    failing its digest or holding non-finite weights / optimizer state."""
+    path = os.fspath(ckpt_path)
+    where = f"--ckpt_path {path}"
     if not os.path.exists(path):
         raise ValueError(f"{where}: no such file")
     if os.path.isdir(path):
@@ -327,12 +342,7 @@ def check_resume(ckpt_path: str, tree: dict) -> None:
     problem = content_problem(checkpoint)
     if problem is not None:
         raise ValueError(f"{where}: {problem}")
-    saved = checkpoint.get(RECORD_KEY)
-    if not isinstance(saved, dict):
-        raise ValueError(f"{where}: was not written by lit_ppo (no '{RECORD_KEY}' record of its algo, model and task)")
-    differences = _differences(saved, expected_record(tree))
-    if differences:
-        raise ValueError(f"{where}: was made with a different run: {'; '.join(differences)}")
+    return checkpoint
 
 
 def ckpt_path_arg(flags: list[str], config: dict | None = None) -> str | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
 
 from lit_ppo.cli_errors import (ConfigError, check_trainer, explain_hydra_error, explain_parser_error, flag_value,
@@ -25,8 +26,10 @@ from lit_ppo.cli_errors import (ConfigError, check_trainer, explain_hydra_error,
 from lit_ppo.callbacks.graceful_stop import mark_runs_killed, received_signal
 from lit_ppo.checkpoints import check_resume_args
 from lit_ppo.config import GenerationConfig, PPOActorConfig, PPOCriticConfig
+from lit_ppo.console import quiet_dependencies
 from lit_ppo.data import RolloutDataModule
 from lit_ppo.errors import RunStopped
+from lit_ppo.models import MODEL_SOURCES, model_dir_problem
 from lit_ppo.module import LitPPO, ModelConfig
 from lit_ppo.tracking import RUN_DIR_ENV, TrackedConfig, start, start_mlflow_runs
 
@@ -117,6 +120,33 @@ def _add_known_keys(overrides: list[str], composed) -> list[str]:
 _ABSENT = object()
 
 
+def _quoted(value: str) -> str:
+    """``value`` as a Hydra single-quoted string."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _model_dir_overrides(overrides: list[str]) -> list[str]:
+    """``model=DIR`` (a value that is not an option of the model group) becomes ``model.source=DIR``,
+    DIR made absolute, on top of the default model option; anything else is left as is. ConfigError
+    for a value that is neither an option nor a loadable local causal LM directory."""
+    options = group_options("model")
+    out = []
+    for override in overrides:
+        key, eq, value = override.partition("=")
+        if key != "model" or not eq or value in options:
+            out.append(override)
+            continue
+        path = Path(value).expanduser()
+        if not (path.is_dir() or "/" in value or value.startswith("~")):
+            raise ConfigError(f"model={value} is invalid: must be one of {', '.join(options)} "
+                              f"or a local model directory")
+        problem = model_dir_problem(value)
+        if problem is not None:
+            raise ConfigError(f"model={value} {problem}")
+        out.append(f"model.source={_quoted(str(path.absolute()))}")
+    return out
+
+
 def compose(overrides: list[str]) -> dict:
     """The Hydra-composed config for ``overrides``, resolved, as LightningCLI's tree."""
     from hydra import compose as hydra_compose
@@ -126,6 +156,7 @@ def compose(overrides: list[str]) -> dict:
     from omegaconf.errors import OmegaConfBaseException
 
     _register_resolvers()
+    overrides = _model_dir_overrides(overrides)
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             presets = hydra_compose(config_name="config", overrides=[o for o in overrides if _is_group(o)])
@@ -195,7 +226,11 @@ def validate(tree: dict) -> None:
             raise ConfigError(f"model.{name} is not a key; allowed: algo, actor, critic, model")
     actor = _construct(PPOActorConfig, model.get("actor") or {}, "actor")
     _construct(PPOCriticConfig, model.get("critic"), "critic")
-    _construct(ModelConfig, model.get("model") or {}, "model")
+    model_cfg = _construct(ModelConfig, model.get("model") or {}, "model")
+    if model_cfg is not None and model_cfg.source not in MODEL_SOURCES:
+        problem = model_dir_problem(model_cfg.source)
+        if problem is not None:
+            raise ConfigError(f"model.source={model_cfg.source} {problem}")
     data = dict(tree.get("data") or {})
     allowed = list(inspect.signature(RolloutDataModule.__init__).parameters)[1:]
     for name in data:
@@ -238,6 +273,10 @@ class LitPPOCLI(LightningCLI):
         # Whatever Lightning writes under default_root_dir lands in the run directory too.
         if self.run_dir is not None:
             kwargs.setdefault("default_root_dir", str(self.run_dir))
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        if trainer_config.get("enable_progress_bar") is False:
+            # The presets' progress callback yields to the switch (Lightning refuses the two together).
+            kwargs["callbacks"] = [cb for cb in trainer_config.get("callbacks") or [] if not isinstance(cb, ProgressBar)]
         trainer = super().instantiate_trainer(**kwargs)
         start_mlflow_runs(trainer.loggers, self.run_dir)
         return trainer
@@ -278,6 +317,7 @@ def run(argv: list[str]) -> int:
 
     for message in EXPECTED_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
+    quiet_dependencies()
     subcommand, rest = argv[0], argv[1:]
     try:
         overrides, flags = split_arguments(rest)

@@ -10,7 +10,6 @@ with the weights of version k (nothing is prefetched ahead of the weight push).
 from __future__ import annotations
 
 import hashlib
-import importlib
 import os
 import time
 from typing import Callable, Iterator
@@ -25,17 +24,15 @@ from lit_ppo.rollout.engine import RolloutEngine, SamplingParams
 from lit_ppo.rollout.workflows import (MultiTurnWorkflow, SingleTurnWorkflow, check_invalid_reward_action,
                                        check_turn_settings, is_multi_turn)
 from lit_ppo.tasks import build_task
+from lit_ppo.tasks.user_code import import_object
 
 ENGINES = ("hf", "vllm")
 
 
 def import_function(path: str, key: str) -> Callable:
-    """The function at dotted ``path``; ValueError naming ``key`` if it cannot be imported."""
-    module_name, _, attr = path.rpartition(".")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr) if module_name else None
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"{key}={path!r} cannot be imported ({e}): give a dotted path module.function") from None
+    """The function at dotted ``path`` (importable from the working directory); ValueError naming
+    ``key`` if it cannot be imported or is not callable."""
+    fn = import_object(path, key, "function")
     if not callable(fn):
         raise ValueError(f"{key}={path!r} is not a function")
     return fn

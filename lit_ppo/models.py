@@ -109,6 +109,75 @@ def _load_dir(path: str | Path, dtype: torch.dtype):
 
 
 # --------------------------------------------------------------------------------------------
+# local model directories and the prompt format
+# --------------------------------------------------------------------------------------------
+
+PLAIN_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' -%}{{ message['content'] + '\\n\\n' }}"
+    "{%- elif message['role'] == 'user' -%}{{ 'User: ' + message['content'] + '\\n' }}"
+    "{%- elif message['role'] == 'assistant' -%}{{ 'Assistant: ' + message['content'] + eos_token + '\\n' }}"
+    "{%- else -%}{{ raise_exception('unknown chat role: ' + message['role']) }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}Assistant:{%- endif -%}"
+)
+"""Prompt format of a tokenizer without a chat template: the system message and a blank line, then
+``User: <text>`` and ``Assistant: <text><eos>`` lines; the generation prompt is ``Assistant:``."""
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
+def use_chat_template(tokenizer, template: str | None = None):
+    """``tokenizer`` with ``template`` as its chat template if given, else with its own, else with
+    ``PLAIN_CHAT_TEMPLATE``; returns it (changed in place)."""
+    if template is not None:
+        tokenizer.chat_template = template
+    elif not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = PLAIN_CHAT_TEMPLATE
+    return tokenizer
+
+
+def looks_like_hub_id(value: str) -> bool:
+    """``org/name`` with no other path parts: what a Hugging Face hub id looks like."""
+    parts = value.split("/")
+    return (len(parts) == 2 and all(parts) and not value.startswith((".", "~"))
+            and all(c.isalnum() or c in "-_." for c in value.replace("/", "")))
+
+
+def model_dir_problem(path: str | Path) -> str | None:
+    """Why the local directory ``path`` cannot be loaded as a causal LM, or None. Reads its
+    config.json through transformers (no weights are loaded)."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        if looks_like_hub_id(str(path)):
+            return (f"is not on this machine: download it first (e.g. huggingface-cli download {path} "
+                    f"--local-dir DIR) and give model=DIR")
+        return "is not a directory"
+    if not (path / "config.json").is_file():
+        return "has no config.json: must be a Hugging Face model directory"
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        return f"has no tokenizer (none of {', '.join(_TOKENIZER_FILES)})"
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # an unknown model_type, malformed JSON, ...
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return f"has a config.json transformers cannot read ({reason})"
+    architectures = getattr(config, "architectures", None) or []
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    if architectures:  # what the checkpoint was saved as decides (a BERT for masked LM is not causal)
+        if any(a.endswith(("ForCausalLM", "LMHeadModel")) or a in causal for a in architectures):
+            return None
+    elif config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return None
+    return (f"is not a causal LM (model_type {config.model_type!r}, architectures "
+            f"{', '.join(architectures) or 'none'})")
+
+
+# --------------------------------------------------------------------------------------------
 # tiny model + character-level tokenizer
 # --------------------------------------------------------------------------------------------
 

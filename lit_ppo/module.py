@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import lightning as L
 import torch
@@ -22,7 +22,7 @@ from lit_ppo.algos import compute_advantages, policy_loss, value_loss
 from lit_ppo.checkpoints import install_checkpoint_io, run_record
 from lit_ppo.config import OptimizerConfig, PPOActorConfig, PPOCriticConfig
 from lit_ppo.errors import RunStopped
-from lit_ppo.models import build_critic, build_reference, load_causal_lm, token_logprobs
+from lit_ppo.models import build_critic, build_reference, load_causal_lm, token_logprobs, use_chat_template
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.engine import SamplingParams
 from lit_ppo.sampling import allowed_mask
@@ -46,12 +46,25 @@ class ModelConfig:
     """Positions per LM-head chunk when computing log-probs (bounds the [tokens, vocab] logits held at once)."""
     gradient_checkpointing: bool = False
     """Recompute transformer activations in the backward pass (less memory, more compute)."""
+    chat_template: str | None = None
+    """Jinja chat template that renders prompts (and turns) for the model. None: the tokenizer's own,
+    or for a tokenizer without one ``lit_ppo.models.PLAIN_CHAT_TEMPLATE`` (``User: <prompt>`` then
+    ``Assistant:``). Exports and checkpoints carry the template used."""
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"model.dtype={self.dtype!r} is invalid: must be one of {', '.join(map(repr, DTYPES))}")
         if not isinstance(self.logprob_chunk_size, int) or self.logprob_chunk_size < 1:
             raise ValueError(f"model.logprob_chunk_size={self.logprob_chunk_size!r} is invalid: must be a positive integer")
+        template = self.chat_template
+        if template is not None and (not isinstance(template, str) or not template.strip()):
+            raise ValueError(f"model.chat_template={self.chat_template!r} is invalid: must be a non-empty Jinja "
+                             f"template or null")
+
+
+def _config(cls, value):
+    """``value`` as a ``cls`` instance: a mapping of its fields is converted, None stays None."""
+    return cls(**value) if isinstance(value, dict) else value
 
 
 def _lr_lambda(cfg: OptimizerConfig, total_steps: int):
@@ -163,18 +176,25 @@ class LitPPO(L.LightningModule):
         actor: algorithm and optimisation settings of the policy.
         critic: settings of the critic; None trains without one (V = 0, GRPO-style).
         algo: preset name, recorded as the run's ``algo`` tag.
+
+    Each config may also be given as a mapping of its fields. The configs are saved as plain
+    mappings in the checkpoint's hyperparameters, so ``LitPPO.load_from_checkpoint(path)`` rebuilds
+    the module (the base model loads from its source, then the checkpoint's weights replace it).
     """
 
-    def __init__(self, model: ModelConfig | None = None, actor: PPOActorConfig | None = None,
-                 critic: PPOCriticConfig | None = None, algo: str = "custom"):
+    def __init__(self, model: ModelConfig | dict | None = None, actor: PPOActorConfig | dict | None = None,
+                 critic: PPOCriticConfig | dict | None = None, algo: str = "custom"):
         super().__init__()
         self.automatic_optimization = False
-        self.model_cfg = model or ModelConfig()
-        self.actor_cfg = actor or PPOActorConfig()
-        self.critic_cfg = critic
+        self.model_cfg = _config(ModelConfig, model) or ModelConfig()
+        self.actor_cfg = _config(PPOActorConfig, actor) or PPOActorConfig()
+        self.critic_cfg = critic = _config(PPOCriticConfig, critic)
         self.algo = algo
+        self.save_hyperparameters({"model": asdict(self.model_cfg), "actor": asdict(self.actor_cfg),
+                                   "critic": None if critic is None else asdict(critic), "algo": algo}, logger=False)
         self.policy, self.tokenizer = load_causal_lm(self.model_cfg.source, self.model_cfg.cache_dir,
                                                      DTYPES[self.model_cfg.dtype])
+        use_chat_template(self.tokenizer, self.model_cfg.chat_template)
         self.policy.train()  # from_pretrained returns eval mode; Lightning keeps submodule modes
         if self.model_cfg.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
@@ -207,10 +227,14 @@ class LitPPO(L.LightningModule):
         return optimizers, schedulers
 
     def configure_callbacks(self):
+        from lit_ppo.callbacks.export import ExportModel
         from lit_ppo.callbacks.graceful_stop import GracefulStop
         from lit_ppo.callbacks.weight_sync import WeightSync
 
-        return [WeightSync(), GracefulStop()]
+        callbacks = [WeightSync(), GracefulStop()]
+        if not any(isinstance(c, ExportModel) for c in self.trainer.callbacks):  # the trainer's own one wins
+            callbacks.append(ExportModel())
+        return callbacks
 
     def setup(self, stage: str) -> None:
         # Atomic, finite-only checkpoints under every trainer config (presets, --config, a user's Trainer).
@@ -505,5 +529,3 @@ class LitPPO(L.LightningModule):
         logged = dict(zip(names, values.tolist()))
         # batch_size only silences Lightning's epoch-averaging bookkeeping; nothing is averaged here.
         self.log_dict(logged, on_step=True, on_epoch=False, sync_dist=False, batch_size=1)
-        self.log("reward", logged.get("rollout/reward_mean", 0.0), prog_bar=True, logger=False, batch_size=1)
-        self.log("step_s", train_s + generate_s, prog_bar=True, logger=False, batch_size=1)

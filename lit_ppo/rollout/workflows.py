@@ -139,6 +139,18 @@ def task_name(task: Task) -> str:
     return str(getattr(task, "name", type(task).__name__))
 
 
+def group_rewards(task: Task, problem: Problem, completions: list[str]) -> list[Any]:
+    """The task's raw rewards of one prompt's completions: one ``task.group_rewards(problem, completions)``
+    call if the task has it (batched reward functions), else ``task.reward`` per completion."""
+    batched = getattr(task, "group_rewards", None)
+    if batched is None:
+        return [task.reward(problem, text) for text in completions]
+    values = list(batched(problem, completions))
+    if len(values) != len(completions):
+        raise RunStopped(f"task {task_name(task)!r} returned {len(values)} rewards for {len(completions)} completions")
+    return values
+
+
 def episodes_to_batch(episodes: list[Episode], group_sizes: list[int], pad_id: int) -> RolloutBatch:
     """Label-aligned ``RolloutBatch`` of ``episodes`` (one row each, in order), right-padded with ``pad_id``.
 
@@ -202,9 +214,16 @@ class SingleTurnWorkflow:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def prompt_ids(self, problem: Problem) -> list[int]:
-        """Token ids of the chat-templated prompt, ending with the assistant generation prompt."""
-        messages = [] if self.system_prompt is None else [{"role": "system", "content": self.system_prompt}]
-        messages.append({"role": "user", "content": problem.prompt})
+        """Token ids of the chat-templated prompt, ending with the assistant generation prompt: the
+        problem's ``messages`` if it has them (``system_prompt`` goes first unless they hold a system
+        message), else ``system_prompt`` and the user message ``prompt``."""
+        if problem.messages is not None:
+            messages = [dict(m) for m in problem.messages]
+            if self.system_prompt is not None and not any(m.get("role") == "system" for m in messages):
+                messages.insert(0, {"role": "system", "content": self.system_prompt})
+        else:
+            messages = [] if self.system_prompt is None else [{"role": "system", "content": self.system_prompt}]
+            messages.append({"role": "user", "content": problem.prompt})
         return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                        return_dict=False))
 
@@ -222,10 +241,11 @@ class SingleTurnWorkflow:
         for problem, prompt, completions in zip(problems, prompts, groups, strict=True):
             if len(completions) != params.n:
                 raise ValueError(f"engine returned {len(completions)} completions for a prompt, expected n={params.n}")
-            for completion in completions:
-                text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-                reward = checked_reward(self.task.reward(problem, text), task=task_name(self.task),
-                                        prompt=problem.prompt, completion=text, on_invalid=self.on_invalid_reward)
+            texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
+            values = group_rewards(self.task, problem, texts)
+            for completion, text, value in zip(completions, texts, values, strict=True):
+                reward = checked_reward(value, task=task_name(self.task), prompt=problem.prompt, completion=text,
+                                        on_invalid=self.on_invalid_reward)
                 episode = Episode(prompt=problem.prompt, completion=text, reward=reward)
                 episode.add_context(prompt)
                 episode.add_generation(completion, version)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
+
 from lit_ppo.algos.registry import Registry
 from lit_ppo.tasks.arithmetic import ArithmeticTask
 from lit_ppo.tasks.base import Problem, Task
 from lit_ppo.tasks.calculator import CalculatorTask
+from lit_ppo.tasks.dataset import DatasetTask
 from lit_ppo.tasks.gsm8k import GSM8KTask
 from lit_ppo.tasks.reasoning_gym import ReasoningGymTask
+from lit_ppo.tasks.user_code import import_object
 
 TASKS: Registry = Registry("task")
 """Task name -> constructor taking the task's config as keyword arguments."""
@@ -16,6 +21,7 @@ TASKS.register("arithmetic")(ArithmeticTask)
 TASKS.register("reasoning_gym")(ReasoningGymTask)
 TASKS.register("gsm8k")(GSM8KTask)
 TASKS.register("calculator")(CalculatorTask)
+TASKS.register("dataset")(DatasetTask)
 
 
 @TASKS.register("gsm_symbolic")
@@ -24,11 +30,47 @@ def gsm_symbolic(**kwargs) -> ReasoningGymTask:
     return ReasoningGymTask(dataset="gsm_symbolic", **kwargs)
 
 
+def _check_kwargs(ctor, kwargs: dict, name: str) -> None:
+    """ValueError naming the first key of ``kwargs`` that ``ctor`` does not take (unless it takes **kwargs)."""
+    try:
+        params = inspect.signature(ctor).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    allowed = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for key in kwargs:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f" (did you mean data.task_kwargs.{close[0]}?)" if close else ""
+            raise ValueError(f"data.task_kwargs.{key} is not a key of task {name!r}{hint}; "
+                             f"allowed: {', '.join(allowed)}")
+
+
 def build_task(name: str, **kwargs) -> Task:
-    """The task registered as ``name``, configured by ``kwargs``; ValueError listing the
-    registered names for an unknown one."""
-    return TASKS.get(name)(**kwargs)
+    """The task registered as ``name``, or the class at dotted path ``name`` (importable from the
+    working directory) implementing the Task protocol, configured by ``kwargs``; ValueError naming
+    data.task for an unknown name, a path that cannot be imported or a class that is not a Task."""
+    if name in TASKS or not isinstance(name, str) or "." not in name:
+        try:
+            ctor = TASKS.get(name)
+        except ValueError as e:
+            raise ValueError(f"data.task={name!r} is invalid: {e}, or a dotted path module.Class") from None
+        _check_kwargs(ctor, kwargs, name)
+        return ctor(**kwargs)
+    cls = import_object(name, "data.task", "Class")
+    if not isinstance(cls, type):
+        raise ValueError(f"data.task={name!r} is not a class: give a dotted path module.Class of a Task")
+    missing = [m for m in ("problems", "reward", "allowed_completion_tokens") if not callable(getattr(cls, m, None))]
+    if missing:
+        raise ValueError(f"data.task={name!r} does not implement the Task protocol: it lacks {', '.join(missing)} "
+                         f"(see lit_ppo.tasks.base.Task)")
+    _check_kwargs(cls, kwargs, name)
+    task = cls(**kwargs)
+    if not isinstance(getattr(task, "name", None), str):
+        raise ValueError(f"data.task={name!r} does not implement the Task protocol: it has no string 'name'")
+    return task
 
 
-__all__ = ["TASKS", "ArithmeticTask", "CalculatorTask", "GSM8KTask", "Problem", "ReasoningGymTask", "Task",
-           "build_task", "gsm_symbolic"]
+__all__ = ["TASKS", "ArithmeticTask", "CalculatorTask", "DatasetTask", "GSM8KTask", "Problem", "ReasoningGymTask",
+           "Task", "build_task", "gsm_symbolic"]

@@ -2,8 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+
+
+class Columns(Mapping[str, Any]):
+    """A read-only, picklable mapping of a record's fields (column name -> value)."""
+
+    def __init__(self, items: Mapping[str, Any] | None = None):
+        self._items = dict(items or {})
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"Columns({self._items!r})"
 
 
 @dataclass(frozen=True)
@@ -11,9 +30,15 @@ class Problem:
     """One prompt of a task."""
 
     prompt: str
-    """The user message (the chat template is applied by the rollout workflow)."""
+    """The user message (the chat template is applied by the rollout workflow); for a prompt given
+    as chat messages, the content of its last user message (for logs)."""
     answer: str
     """The gold answer the reward checks against."""
+    messages: tuple[Mapping[str, Any], ...] | None = field(default=None, hash=False)
+    """The whole prompt as chat messages ({'role', 'content'}), which the workflow templates instead
+    of ``prompt``; None: the prompt is the single user message ``prompt``."""
+    columns: Mapping[str, Any] = field(default_factory=Columns, hash=False)
+    """Every other field of the problem's record (read-only), passed to reward functions by name."""
 
 
 @runtime_checkable
@@ -26,7 +51,9 @@ class Task(Protocol):
 
     def reward(self, problem: Problem, completion: str) -> float:
         """Reward of a completion's text, in [0, 1]; anything but a finite real number is an invalid
-        reward (see data.on_invalid_reward)."""
+        reward (see data.on_invalid_reward). A task may also define ``group_rewards(problem,
+        completions) -> list`` (the rewards of one prompt's completions at once), which the
+        single-turn workflow then calls instead."""
 
     def allowed_completion_tokens(self, tokenizer) -> list[int] | None:
         """Token ids completions may use (the tokenizer's EOS included), or None for all."""

@@ -11,16 +11,11 @@ from lit_ppo.__main__ import main
 from tests.integration.conftest import run_cli
 
 
-@pytest.fixture(autouse=True)
-def no_model_loading(monkeypatch):
-    """Any attempt to build the model fails the test: errors must come first."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the config error was reported")
-
-    monkeypatch.setattr("lit_ppo.module.load_causal_lm", refuse)
+pytestmark = pytest.mark.usefixtures("no_model_loading")
 
 
 def error_of(capsys, *args: str) -> str:
+    """The one line ``fit *args`` prints to stderr, asserting exit code 2 and no traceback."""
     code = main(["fit", *args])
     err = capsys.readouterr().err.strip()
     assert code == 2, err

@@ -14,9 +14,11 @@ import yaml
 from lit_ppo.cli import conf_dir, group_options, validate
 
 from .conftest import REPO, run_cli
+from .test_bring_your_own import user_dir
 
 GSM8K = REPO / "tests" / "fixtures" / "gsm8k_sample.jsonl"
-REQUIRED = {"data=gsm8k": [f"data.task_kwargs.train_path={GSM8K}"]}
+REQUIRED = {"data=gsm8k": [f"data.task_kwargs.train_path={GSM8K}"],
+            "data=dataset": [f"data.task_kwargs.train_path={GSM8K}", "data.task_kwargs.prompt_key=question"]}
 """Keys a group option leaves to the user (``???`` in its YAML)."""
 GROUPS = sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and not p.name.startswith("_"))
 
@@ -59,10 +61,11 @@ def as_test_command(command: str, work) -> tuple[list[str], str | None]:
     args, stdout_to = words[3:], None
     if ">" in args:
         args, stdout_to = args[:args.index(">")], args[args.index(">") + 1]
-    args = [a.replace("train_path=train.jsonl", f"train_path={GSM8K}") for a in args]
+    if "data=gsm8k" in args:  # GSM8K's format; data=dataset reads the working directory's train.jsonl
+        args = [a.replace("train_path=train.jsonl", f"train_path={GSM8K}") for a in args]
     if "--config" in args:
         args = [("1" if prev == "--trainer.max_steps" else a) for prev, a in zip([""] + args, args)]
-    else:
+    elif args[0] == "fit":  # export has no training settings
         args += SHRINK + (["data.task_kwargs.size=16"] if "data=gsm_symbolic" in args else [])
     if "--ckpt_path" in args:
         i = args.index("--ckpt_path") + 1
@@ -70,13 +73,17 @@ def as_test_command(command: str, work) -> tuple[list[str], str | None]:
         made = run_cli(["fit", "algo=grpo", *SHRINK], work, timeout=600, env=_env(work))  # the run it resumes
         assert made.returncode == 0, made.stderr[-3000:]
         args[i] = re.search(r"run directory: (\S+)", made.stderr).group(1) + "/checkpoints/last.ckpt"
-        args[args.index("trainer.max_steps=1")] = "trainer.max_steps=2"  # one iteration past the checkpoint
+        if "trainer.max_steps=1" in args:
+            args[args.index("trainer.max_steps=1")] = "trainer.max_steps=2"  # one iteration past the checkpoint
     return args, stdout_to
 
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    return tmp_path_factory.mktemp("readme")
+    """The working directory of the commands: a user's train.jsonl, my_rewards.py and my_task.py."""
+    path = tmp_path_factory.mktemp("readme")
+    user_dir(path)
+    return path
 
 
 def _env(work) -> dict:
@@ -100,6 +107,8 @@ def test_readme_command_runs(command, work):
     if stdout_to:
         (work / stdout_to).write_text(result.stdout)
         assert "model:" in result.stdout
+    elif args[0] == "export":
+        assert (work / args[args.index("--output") + 1] / "config.json").is_file()
     else:
         assert "`Trainer.fit` stopped: `max_steps=" in result.stderr + result.stdout, f"{args}\n{result.stderr[-3000:]}"
 

@@ -1,0 +1,81 @@
+"""Progress in RL iterations, on a terminal and in a log file alike."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+import lightning as L
+from lightning.pytorch.callbacks import RichProgressBar
+
+SHOWN = {"reward": "rollout/reward_mean", "kl": "actor/approx_kl", "entropy": "actor/entropy",
+         "length": "rollout/response_length"}
+"""Progress name -> logged metric."""
+
+
+def _seconds_per_iteration(metrics: dict) -> float | None:
+    parts = [metrics.get(k) for k in ("time/generate_s", "time/train_s", "time/sync_s")]
+    return sum(float(p) for p in parts if p is not None) if any(p is not None for p in parts) else None
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class IterationProgress(RichProgressBar):
+    """``iteration i/N`` with its ETA, reward, KL, entropy, response length and seconds per iteration.
+
+    On a terminal this is Lightning's rich bar counting RL iterations (not epochs: the prompt stream
+    has none). When stdout is not a terminal (nohup, Slurm, CI logs), where a live bar shows nothing
+    until the run ends, it prints one plain line every ``trainer.log_every_n_steps`` iterations.
+
+    Args:
+        plain: force the plain lines (True) or the bar (False); None decides by whether stdout is a terminal.
+    """
+
+    def __init__(self, plain: bool | None = None):
+        super().__init__(leave=True)
+        self.plain = (not sys.stdout.isatty()) if plain is None else plain
+        self._started = 0.0
+        self._first_step = 0
+
+    @property
+    def is_enabled(self) -> bool:
+        return super().is_enabled and not self.plain
+
+    @property
+    def total_train_batches(self) -> int | float:
+        return self.trainer.max_steps if self.trainer.max_steps > 0 else float("inf")
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        return "iteration"
+
+    def get_metrics(self, trainer: L.Trainer, pl_module) -> dict:
+        logged = trainer.callback_metrics
+        shown = {name: float(logged[key]) for name, key in SHOWN.items() if key in logged}
+        seconds = _seconds_per_iteration(logged)
+        if seconds is not None:
+            shown["s/it"] = seconds
+        return {k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in shown.items()}
+
+    def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._started, self._first_step = time.perf_counter(), trainer.global_step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if not self.plain:
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            self._update(self.train_progress_bar_id, trainer.global_step)  # resumed runs start past 0
+            return
+        step, total = trainer.global_step, self.total_train_batches
+        if step % max(trainer.log_every_n_steps, 1) and step != total:
+            return
+        done = step - self._first_step
+        per_iteration = (time.perf_counter() - self._started) / max(done, 1)
+        eta = f" eta {_clock(per_iteration * (total - step))}" if math.isfinite(total) else ""
+        shown = " ".join(f"{k} {v}" for k, v in self.get_metrics(trainer, pl_module).items())
+        of_total = f"/{total}" if math.isfinite(total) else ""
+        if trainer.is_global_zero:
+            print(f"iteration {step}{of_total} {shown}{eta}", flush=True)

@@ -1,0 +1,42 @@
+"""What the console shows besides the run itself: nothing.
+
+Dependencies print lines that are not about this run: a deprecation inside Lightning's own pytree
+helper, an advertisement for a cloud logger, transformers' weight-loading bar (garbled in a log
+file, and the run prints its own progress), and vLLM's ``<Layer>: Failed to load weights`` for
+layers without trainable weights (the rotary embedding's cache) on every weight push, which reads
+like a failure. The engine checks every push itself (VLLMEngine.update_weights names any parameter
+a push misses), so these lines carry no information here.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+_NOISE = {
+    "lightning.pytorch.utilities.rank_zero": ("litlogger",),
+    "vllm.model_executor.model_loader.reload.layerwise": ("Failed to load weights",),
+}
+"""Logger name -> message fragments dropped from it."""
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, fragments: tuple[str, ...]):
+        super().__init__()
+        self.fragments = fragments
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(fragment in message for fragment in self.fragments)
+
+
+def quiet_dependencies() -> None:
+    """Drop the dependency lines above (idempotent)."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    for name, fragments in _NOISE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessages) for f in logger.filters):
+            logger.addFilter(_DropMessages(fragments))

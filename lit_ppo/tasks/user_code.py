@@ -1,0 +1,40 @@
+"""Import a user's object (task class, reward function) by dotted path, the working directory importable.
+
+``python -m lit_ppo`` already puts the working directory first on ``sys.path``, and a DDP launcher
+re-runs the same ``-m`` command in the same directory; a run started otherwise (a script, an
+installed entry point, ``python -c``) may not have it, so it is appended here before importing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+
+def ensure_cwd_importable() -> None:
+    """Append the working directory to ``sys.path`` unless it (or '') is already there."""
+    cwd = os.getcwd()
+    if not any(os.path.abspath(entry or os.curdir) == cwd for entry in sys.path):
+        sys.path.append(cwd)
+
+
+def import_object(path: str, key: str, what: str) -> Any:
+    """The object at dotted ``path`` (``module.name``); ValueError naming ``key`` and ``what`` was
+    expected if it is not one or cannot be imported."""
+    if not isinstance(path, str) or "." not in path.strip(".") or path.startswith(".") or path.endswith("."):
+        raise ValueError(f"{key}={path!r} is invalid: must be a dotted path module.{what}")
+    ensure_cwd_importable()
+    module_name, _, attr = path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # ImportError, or whatever the module raises while it runs (SyntaxError, ...)
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{key}={path!r} cannot be imported ({type(e).__name__}: {reason}): "
+                         f"give a dotted path module.{what} "
+                         f"importable from the working directory {os.getcwd()}") from None
+    if not hasattr(module, attr):
+        raise ValueError(f"{key}={path!r} cannot be imported (module {module_name!r} has no {attr!r}): "
+                         f"give a dotted path module.{what}")
+    return getattr(module, attr)

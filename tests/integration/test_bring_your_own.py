@@ -1,0 +1,102 @@
+"""The user's own data, reward functions and task class, from the working directory, through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from tests.integration.conftest import run_cli
+
+SHRINK = ["trainer.max_steps=1", "data.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=8", "logger=none"]
+
+MY_REWARDS = textwrap.dedent('''
+    import json
+    import os
+
+    def correct(prompts, completions, answer, level, **kwargs):
+        with open("reward_calls.jsonl", "a") as f:
+            f.write(json.dumps({"prompts": prompts, "completions": completions, "answer": answer, "level": level,
+                                "other": sorted(kwargs), "rank": os.environ.get("LOCAL_RANK", "0")}) + "\\n")
+        return [float(c.strip() == a) for c, a in zip(completions, answer)]
+''')
+
+MY_TASK = textwrap.dedent('''
+    from lit_ppo.tasks.base import Problem
+
+    class MyTask:
+        name = "mine"
+
+        def __init__(self, seed=0, n=8):
+            self.train = [Problem(prompt=f"{i}+{i}=", answer=str(2 * i % 10)) for i in range(n)]
+
+        def problems(self, split):
+            return self.train if split == "train" else []
+
+        def reward(self, problem, completion):
+            with open("task_calls.txt", "a") as f:
+                f.write(problem.prompt + "\\n")
+            return float(completion.strip() == problem.answer)
+
+        def allowed_completion_tokens(self, tokenizer):
+            return None
+''')
+
+
+def user_dir(cwd):
+    """Write a user's train.jsonl, my_rewards.py and my_task.py into ``cwd``; the rows."""
+    rows = [{"prompt": f"{a}+{b}=", "answer": str((a + b) % 10), "level": a % 3}
+            for a, b in ((i % 10, (3 * i + 1) % 10) for i in range(16))]
+    (cwd / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (cwd / "my_rewards.py").write_text(MY_REWARDS)
+    (cwd / "my_task.py").write_text(MY_TASK)
+    return rows
+
+
+pytestmark = pytest.mark.slow
+
+
+def test_own_data_and_reward_function_from_the_working_directory(tmp_path):
+    rows = user_dir(tmp_path)
+    result = run_cli(["fit", "algo=grpo", "data=dataset", "data.task_kwargs.train_path=train.jsonl",
+                      "data.task_kwargs.reward_fns=[my_rewards.correct]", *SHRINK], tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    calls = [json.loads(line) for line in (tmp_path / "reward_calls.jsonl").read_text().splitlines()]
+    assert len(calls) == 2  # one call per prompt group: 2 prompts x 2 samples
+    by_prompt = {r["prompt"]: r for r in rows}
+    for call in calls:
+        prompt = call["prompts"][0]
+        assert call["prompts"] == [prompt, prompt] and all(isinstance(c, str) for c in call["completions"])
+        assert len(call["completions"]) == 2
+        assert call["answer"] == [by_prompt[prompt]["answer"]] * 2 and call["level"] == [by_prompt[prompt]["level"]] * 2
+        assert call["other"] == []
+
+
+def test_custom_task_class_from_the_working_directory(tmp_path):
+    user_dir(tmp_path)
+    result = run_cli(["fit", "algo=grpo", "data.task=my_task.MyTask", "+data.task_kwargs.n=6", *SHRINK],
+                     tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    prompts = (tmp_path / "task_calls.txt").read_text().splitlines()
+    assert len(prompts) == 4 and set(prompts) <= {f"{i}+{i}=" for i in range(6)}
+
+
+def test_a_bad_reward_function_fails_before_any_model_loads(tmp_path):
+    user_dir(tmp_path)
+    result = run_cli(["fit", "algo=grpo", "data=dataset", "data.task_kwargs.train_path=train.jsonl",
+                      "data.task_kwargs.reward_fns=[my_rewards.corect]", *SHRINK], tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: data.task_kwargs.reward_fns[0]='my_rewards.corect' cannot be imported (module 'my_rewards' has "
+        "no 'corect'): give a dotted path module.function")
+    assert not (tmp_path / "cache").exists()  # no model was built
+
+
+def test_user_modules_import_on_every_ddp_rank(tmp_path):
+    user_dir(tmp_path)
+    result = run_cli(["fit", "algo=grpo", "trainer=ddp", "data=dataset", "data.task_kwargs.train_path=train.jsonl",
+                      "data.task_kwargs.reward_fns=[my_rewards.correct]", *SHRINK], tmp_path, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    calls = [json.loads(line) for line in (tmp_path / "reward_calls.jsonl").read_text().splitlines()]
+    assert {c["rank"] for c in calls} == {"0", "1"}
