@@ -287,6 +287,33 @@ def start_mlflow_runs(loggers: list, run_dir: Path | None) -> None:
         print(f"mlflow run id: {run_id} ({client.tracking_uri}, experiment {experiment})", file=sys.stderr, flush=True)
 
 
+CONFIG_SECTIONS = (("model.actor.", "actor."), ("model.critic.", "critic."), ("model.model.", "model."),
+                   ("model.algo", "algo"), ("data.gconfig.", "gconfig."), ("seed_everything", "seed"))
+"""LightningCLI key prefix -> the name the user types (``python -m lit_ppo fit actor.eps_clip=...``)."""
+MAX_PARAM_CHARS = 500
+"""Longer values (a callback list, a chat template) are cut: an MLflow param is for comparing runs."""
+
+
+def config_params(tree: dict) -> dict[str, str]:
+    """Every leaf of the resolved LightningCLI config as ``{key as the user types it: text}``, for
+    MLflow params (a list or an empty mapping is one value)."""
+    flat: dict[str, str] = {}
+
+    def walk(key: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for child_key, child in value.items():
+                walk(f"{key}.{child_key}" if key else str(child_key), child)
+            return
+        for lightning, typed in CONFIG_SECTIONS:
+            if key.startswith(lightning):
+                key = typed + key[len(lightning):]
+                break
+        flat[key] = str(value)[:MAX_PARAM_CHARS]
+
+    walk("", tree)
+    return flat
+
+
 class TrackedConfig(SaveConfigCallback):
     """Saves the resolved config as ``config.yaml`` in the run directory and as an artifact of every
     MLflow run; points checkpoints that name no ``dirpath`` at ``<run directory>/checkpoints``.
@@ -318,3 +345,4 @@ class TrackedConfig(SaveConfigCallback):
             run_id = getattr(logger, "run_id", None)
             if run_id and hasattr(logger.experiment, "log_text"):
                 logger.experiment.log_text(run_id, text, "config.yaml")
+                logger.log_hyperparams(config_params(self.config.clone().as_dict()))

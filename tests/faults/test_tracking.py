@@ -44,13 +44,16 @@ def printed(result: subprocess.CompletedProcess, label: str) -> list[str]:
 
 
 def mlflow_runs(db: Path) -> dict[str, dict]:
-    """run id -> name, experiment and tags, read from the sqlite store itself."""
+    """run id -> name, experiment, tags and params, read from the sqlite store itself."""
     with sqlite3.connect(db) as con:
-        runs = {run_id: {"name": name, "experiment": experiment, "tags": {}} for run_id, name, experiment in
+        runs = {run_id: {"name": name, "experiment": experiment, "tags": {}, "params": {}}
+                for run_id, name, experiment in
                 con.execute("SELECT r.run_uuid, r.name, e.name FROM runs r JOIN experiments e "
                             "ON r.experiment_id = e.experiment_id")}
         for run_id, key, value in con.execute("SELECT run_uuid, key, value FROM tags"):
             runs[run_id]["tags"][key] = value
+        for run_id, key, value in con.execute("SELECT run_uuid, key, value FROM params"):
+            runs[run_id]["params"][key] = value
     return runs
 
 
@@ -93,6 +96,12 @@ def test_two_first_runs_at_once_on_a_fresh_sqlite_store(tmp_path):
         assert run["name"] == path.name and run["experiment"] == "lit_ppo"
         assert run["tags"]["git_sha"] == head_sha() and run["tags"]["algo"] == "grpo"
         assert Path(run["tags"]["run_dir"]) == path.resolve()
+        # Every config field is a param, under the name the user types: runs compare field by field.
+        params = run["params"]
+        assert params["algo"] == "grpo" and params["actor.eps_clip"] == "0.2" and params["gconfig.n_samples"] == "2"
+        assert params["actor.reward_norm.mean_level"] == "group" and params["model.source"] == "tiny"
+        assert params["data.batch_size"] == "2" and params["trainer.max_steps"] == "1" and params["seed"] == "0"
+        assert len(params) > 80, sorted(params)
 
 
 @pytest.mark.slow
