@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import numbers
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -24,7 +23,7 @@ import torch
 from lit_ppo.errors import RunStopped
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.engine import Completion, RolloutEngine, SamplingParams
-from lit_ppo.tasks.base import Problem, Task
+from lit_ppo.tasks.base import Problem, Task, reward_float, reward_problem
 
 
 @dataclass
@@ -75,44 +74,11 @@ INVALID_REWARD_ACTIONS = ("error", "drop")
 """What a workflow does with a reward that is not a finite real number: raise, or record NaN so that
 the collector drops the row's whole group."""
 
-_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
-
-
 def check_invalid_reward_action(value: Any, prefix: str = "") -> None:
     """ValueError naming ``on_invalid_reward`` (with ``prefix``, e.g. 'data.') unless it is allowed."""
     if value not in INVALID_REWARD_ACTIONS:
         raise ValueError(f"{prefix}on_invalid_reward={value!r} is invalid: must be one of "
                          f"{', '.join(map(repr, INVALID_REWARD_ACTIONS))}")
-
-
-def _scalar(value: Any) -> Any:
-    """A 0-d torch tensor, numpy scalar or 0-d array as the Python number it holds; anything else as is."""
-    if not isinstance(value, numbers.Real) and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        return value.item()
-    return value
-
-
-def reward_problem(value: Any) -> str | None:
-    """Why ``value`` is not a usable reward, or None if it is one.
-
-    A reward is a real number: int, float, bool (True is 1.0, as in Python arithmetic), or a 0-d
-    torch tensor, numpy scalar or 0-d array holding one; it must be finite and within float32 range,
-    since the batch stores rewards as float32 and a larger finite value would become inf there.
-    None, strings (even '1.0'), complex numbers and tensors with a dimension (even of size 1) are not
-    rewards.
-    """
-    value = _scalar(value)
-    if not isinstance(value, numbers.Real):
-        return "not a real number"
-    try:
-        number = float(value)
-    except OverflowError:  # an int or Fraction beyond any float
-        return "outside the float32 range"
-    if not math.isfinite(number):
-        return "not finite"
-    if abs(number) > _FLOAT32_MAX:
-        return "outside the float32 range"
-    return None
 
 
 def _short(text: str, limit: int) -> str:
@@ -121,11 +87,11 @@ def _short(text: str, limit: int) -> str:
 
 def checked_reward(value: Any, *, task: str, prompt: str, completion: str, on_invalid: str = "error") -> float:
     """``value`` as a float if it is a reward (see ``reward_problem``). Otherwise, with
-    ``on_invalid='error'``, ValueError in one line naming the task, the prompt, the completion and the
+    ``on_invalid='error'``, RunStopped in one line naming the task, the prompt, the completion and the
     value; with 'drop', NaN (the collector drops the group of a row whose reward is not finite)."""
     problem = reward_problem(value)
     if problem is None:
-        return float(_scalar(value))
+        return reward_float(value)
     if on_invalid == "drop":
         return math.nan
     # repr keeps the message on one line whatever the texts hold; the cuts keep it readable.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
@@ -67,3 +69,46 @@ def split_problems(splits: dict[str, Sequence[Problem]], split: str) -> Sequence
     if split not in splits:
         raise ValueError(f"split={split!r} is invalid: must be one of {', '.join(map(repr, SPLITS))}")
     return splits[split]
+
+
+# ---------------------------------------------------------------------------------------------
+# what a reward is
+# ---------------------------------------------------------------------------------------------
+
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest float32: the batch stores rewards as float32, where anything larger becomes inf."""
+
+
+def _scalar(value: Any) -> Any:
+    """A 0-d torch tensor, numpy scalar or 0-d array as the Python number it holds; anything else as is."""
+    if not isinstance(value, numbers.Real) and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def reward_problem(value: Any) -> str | None:
+    """Why ``value`` is not a usable reward, or None if it is one.
+
+    A reward is a real number: int, float, bool (True is 1.0, as in Python arithmetic), or a 0-d
+    torch tensor, numpy scalar or 0-d array holding one; it must be finite and within float32 range,
+    since the batch stores rewards as float32 and a larger finite value would become inf there.
+    None, strings (even '1.0'), complex numbers and tensors with a dimension (even of size 1) are not
+    rewards.
+    """
+    value = _scalar(value)
+    if not isinstance(value, numbers.Real):
+        return "not a real number"
+    try:
+        number = float(value)
+    except OverflowError:  # an int or Fraction beyond any float
+        return "outside the float32 range"
+    if not math.isfinite(number):
+        return "not finite"
+    if abs(number) > FLOAT32_MAX:
+        return "outside the float32 range"
+    return None
+
+
+def reward_float(value: Any) -> float:
+    """A reward (``reward_problem(value) is None``) as a Python float."""
+    return float(_scalar(value))

@@ -18,14 +18,13 @@ answer), ``math_verify`` (math-verify judges them equivalent, as in the gsm8k ta
 from __future__ import annotations
 
 import functools
-import math
-import numbers
 import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from lit_ppo.errors import RunStopped
+from lit_ppo.tasks.base import reward_float, reward_problem
 from lit_ppo.tasks.gsm8k import math_equal
 from lit_ppo.tasks.user_code import import_object
 
@@ -34,16 +33,8 @@ DEFAULT_FORMAT_PATTERN = r"\\boxed\{.+\}"
 
 
 def _number(value: Any) -> float | None:
-    """``value`` as a float if it is a finite real number (a 0-d tensor or array included), else None."""
-    if not isinstance(value, numbers.Real) and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        value = value.item()
-    if not isinstance(value, numbers.Real):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
+    """``value`` as a float if it is a usable reward (``reward_problem``), else None."""
+    return None if reward_problem(value) is not None else reward_float(value)
 
 
 def completion_text(completion: Any) -> str:
