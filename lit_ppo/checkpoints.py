@@ -38,6 +38,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
 
+from lit_ppo.cli_errors import flag_value
 from lit_ppo.errors import RunStopped
 
 DIGEST_KEY = "content_sha256"
@@ -348,12 +349,8 @@ def read_checkpoint(ckpt_path: str) -> dict:
 def ckpt_path_arg(flags: list[str], config: dict | None = None) -> str | None:
     """The ``--ckpt_path`` of LightningCLI flags (``--ckpt_path X`` or ``--ckpt_path=X``; the last
     one wins, as in the parser), else the config's ``ckpt_path``; None when neither is given."""
-    value = (config or {}).get("ckpt_path")
-    for i, flag in enumerate(flags):
-        if flag == "--ckpt_path" and i + 1 < len(flags):
-            value = flags[i + 1]
-        elif flag.startswith("--ckpt_path="):
-            value = flag.split("=", 1)[1]
+    given = flag_value(flags, "--ckpt_path")
+    value = given if given is not None else (config or {}).get("ckpt_path")
     return None if value in (None, "", "null", "None") else str(value)
 
 

@@ -122,6 +122,7 @@ def test_validate_is_used_by_run(monkeypatch):
     (["data.system_prompt=a, b"], "is ambiguous: quote the value (key='a, b') or give a list (key=[a,b])"),
     # --ckpt_path
     (["--ckpt_path", "nope.ckpt"], "error: --ckpt_path nope.ckpt: no such file"),
+    (["--ckpt_path"], "error: --ckpt_path needs a value"),
 ])
 def test_bad_input_is_one_line_naming_the_key(capsys, args, expected):
     assert expected in error_of(capsys, *args)
