@@ -30,14 +30,11 @@ class IterationProgress(RichProgressBar):
     On a terminal this is Lightning's rich bar counting RL iterations (not epochs: the prompt stream
     has none). When stdout is not a terminal (nohup, Slurm, CI logs), where a live bar shows nothing
     until the run ends, it prints one plain line every ``trainer.log_every_n_steps`` iterations.
-
-    Args:
-        plain: force the plain lines (True) or the bar (False); None decides by whether stdout is a terminal.
     """
 
-    def __init__(self, plain: bool | None = None):
+    def __init__(self):
         super().__init__(leave=True)
-        self.plain = (not sys.stdout.isatty()) if plain is None else plain
+        self.plain = not sys.stdout.isatty()
         self._started = 0.0
         self._first_step = 0
 
