@@ -76,3 +76,17 @@ class IterationProgress(RichProgressBar):
         of_total = f"/{total}" if math.isfinite(total) else ""
         if trainer.is_global_zero:
             print(f"iteration {step}{of_total} {shown}{eta}", flush=True)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not trainer.is_global_zero or trainer.state.fn != "fit" or trainer.sanity_checking:
+            return  # validate / test print Lightning's table instead
+        scores = {key.split("/", 1)[1]: float(value) for key, value in trainer.callback_metrics.items()
+                  if key.startswith("eval/") and key != "eval/problems"}
+        if not scores:
+            return
+        line = f"eval at iteration {trainer.global_step}: " + " ".join(f"{k} {v:.3g}" for k, v in scores.items())
+        if self.plain:
+            print(line, flush=True)
+        else:
+            self._console.print(line)

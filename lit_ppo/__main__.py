@@ -1,14 +1,21 @@
-"""Command-line entry: ``python -m lit_ppo fit algo=<preset> [overrides]`` (see lit_ppo.cli) and
-``python -m lit_ppo export --ckpt_path CKPT --output DIR`` (see lit_ppo.export)."""
+"""Command-line entry: ``python -m lit_ppo fit algo=<preset> [overrides]`` (see lit_ppo.cli),
+``python -m lit_ppo validate|test --ckpt_path CKPT`` (the test split's scores, see lit_ppo.cli),
+``python -m lit_ppo export --ckpt_path CKPT --output DIR`` (see lit_ppo.export),
+``python -m lit_ppo compare [--experiment NAME]`` (see lit_ppo.compare) and
+``python -m lit_ppo sweep algo=grpo,rloo seed=0,1`` (see lit_ppo.sweep)."""
 
 import sys
 
 USAGE = """usage: python -m lit_ppo fit [group=option ...] [key=value ...] [--print_config] [--LightningCLI.flags]
        python -m lit_ppo fit --config run.yaml [--trainer.max_steps N ...]
+       python -m lit_ppo validate|test --ckpt_path CKPT [--eval.k N ...]   (or with fit's overrides)
        python -m lit_ppo export --ckpt_path CKPT --output DIR [--overwrite]
+       python -m lit_ppo compare [--experiment NAME] [--runs ID ...] [--metric M] [--output PNG]
+       python -m lit_ppo sweep key=a,b [key=range(0,3) ...] [key=value ...] [--experiment NAME] [--metric M] [--output PNG]
 
 model=NAME|DIR: tiny, smollm2 or a local Hugging Face causal LM directory
 groups: algo, model, data, rollout, trainer, logger, rejection, scheduler"""
+SUBCOMMANDS = ("fit", "validate", "test", "export", "compare", "sweep")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,8 +27,17 @@ def main(argv: list[str] | None = None) -> int:
         from lit_ppo.export import main as export_main
 
         return export_main(argv[1:])
-    if argv[0] != "fit":
-        print(f"error: unknown subcommand {argv[0]!r}: must be one of 'fit', 'export'", file=sys.stderr)
+    if argv[0] == "compare":
+        from lit_ppo.compare import main as compare_main
+
+        return compare_main(argv[1:])
+    if argv[0] == "sweep":
+        from lit_ppo.sweep import main as sweep_main
+
+        return sweep_main(argv[1:])
+    if argv[0] not in ("fit", "validate", "test"):
+        print(f"error: unknown subcommand {argv[0]!r}: must be one of {', '.join(map(repr, SUBCOMMANDS))}",
+              file=sys.stderr)
         return 2
     from lit_ppo.cli import run
 

@@ -19,7 +19,9 @@ writers) are checked for loading and finiteness only.
 
 Resuming (``check_resume``, called by the CLI before any model loads): the file must exist, be a
 readable file, load, match its digest, hold finite weights and optimizer state, and have been made
-with the same algorithm, model and task as the run (``run_record``, stored under ``lit_ppo``).
+with the same algorithm, model and task as the run (``run_record``, stored under ``lit_ppo``). The
+record also says where the run is recorded (its ``run`` entry, see ``lit_ppo.tracking.run_reference``),
+so that the resumed run continues it; that entry is not compared.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ DIGEST_KEY = "content_sha256"
 """Top-level checkpoint key of the SHA-256 hex digest of everything else in the checkpoint."""
 RECORD_KEY = "lit_ppo"
 """Top-level checkpoint key of what the run was made with (see ``run_record``)."""
+RUN_KEY = "run"
+"""Entry of the record naming the run directory and MLflow run that a resume continues."""
 FINITE_SECTIONS = ("state_dict", "optimizer_states")
 """Checkpoint sections that must be finite. Callback state may hold infinities legitimately
 (ModelCheckpoint's initial ``kth_value``, EarlyStopping's ``best_score``)."""
@@ -260,11 +264,15 @@ def task_identity(task: Any) -> dict[str, Any]:
 
 
 def run_record(module) -> dict[str, Any]:
-    """What a LitPPO checkpoint is made with: algorithm, model source and task (stored under ``lit_ppo``)."""
+    """What a LitPPO checkpoint is made with: algorithm, model source and task, and where its run is
+    recorded (stored under ``lit_ppo``)."""
+    from lit_ppo.tracking import run_reference
+
     record = {"algo": module.algo, "model": model_identity(module.model_cfg.source)}
     task = getattr(module.trainer.datamodule, "task", None)
     if task is not None:
         record.update(task_identity(task))
+    record[RUN_KEY] = run_reference(module.trainer)
     return record
 
 
@@ -317,7 +325,7 @@ def check_resume(ckpt_path: str, tree: dict) -> None:
     saved = checkpoint.get(RECORD_KEY)
     if not isinstance(saved, dict):
         raise ValueError(f"{where}: was not written by lit_ppo (no '{RECORD_KEY}' record of its algo, model and task)")
-    differences = _differences(saved, expected_record(tree))
+    differences = _differences({k: v for k, v in saved.items() if k != RUN_KEY}, expected_record(tree))
     if differences:
         raise ValueError(f"{where}: was made with a different run: {'; '.join(differences)}")
 
@@ -346,6 +354,17 @@ def read_checkpoint(ckpt_path: str) -> dict:
     return checkpoint
 
 
+def recorded_run(ckpt_path: str | None) -> dict[str, str] | None:
+    """The ``run`` entry of the record of the local checkpoint ``ckpt_path`` ({} for a checkpoint that
+    records no run); None without a local file (no ``ckpt_path``, Lightning's own values, URLs).
+    ``check_resume`` has verified the file; loading it memory-mapped reads the record only."""
+    if ckpt_path in (None, "") or not os.path.isfile(os.fspath(ckpt_path)):
+        return None
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+    record = checkpoint.get(RECORD_KEY)
+    return dict(record.get(RUN_KEY) or {}) if isinstance(record, dict) else {}
+
+
 def ckpt_path_arg(flags: list[str], config: dict | None = None) -> str | None:
     """The ``--ckpt_path`` of LightningCLI flags (``--ckpt_path X`` or ``--ckpt_path=X``; the last
     one wins, as in the parser), else the config's ``ckpt_path``; None when neither is given."""
@@ -364,3 +383,18 @@ def check_resume_args(flags: list[str], tree: dict, error: type[Exception] = Val
         check_resume(path, tree)
     except ValueError as e:
         raise error(str(e)) from None
+
+
+def recorded_config(ckpt_path: str) -> str | None:
+    """The resolved config (YAML text) that the local checkpoint ``ckpt_path`` was trained with, as
+    ``lit_ppo.tracking.TrackedConfig`` stores it; None if it holds none (a checkpoint written by a
+    Trainer of the user's own) or is no local file. A damaged file is a one-line ValueError
+    (``read_checkpoint``)."""
+    from lit_ppo.tracking import CONFIG_STATE_KEY
+
+    if os.fspath(ckpt_path) in LIGHTNING_CKPT_VALUES or "://" in os.fspath(ckpt_path):
+        return None
+    for state in (read_checkpoint(ckpt_path).get("callbacks") or {}).values():
+        if isinstance(state, dict) and isinstance(state.get(CONFIG_STATE_KEY), str):
+            return state[CONFIG_STATE_KEY]
+    return None

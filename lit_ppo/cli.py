@@ -18,19 +18,20 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI
 
 from lit_ppo.cli_errors import (ConfigError, check_trainer, explain_hydra_error, explain_parser_error, flag_value,
                                 read_config_file, split_arguments)
 from lit_ppo.callbacks.graceful_stop import mark_runs_killed, received_signal
-from lit_ppo.checkpoints import check_resume_args
-from lit_ppo.config import GenerationConfig, PPOActorConfig, PPOCriticConfig
+from lit_ppo.checkpoints import check_resume_args, recorded_config
+from lit_ppo.config import EvalConfig, GenerationConfig, PPOActorConfig, PPOCriticConfig
 from lit_ppo.console import quiet_dependencies
 from lit_ppo.data import RolloutDataModule
 from lit_ppo.errors import RunStopped
 from lit_ppo.models import MODEL_SOURCES, model_dir_problem
 from lit_ppo.module import LitPPO, ModelConfig
+from lit_ppo.rollout.workflows import task_name
 from lit_ppo.tracking import RUN_DIR_ENV, TrackedConfig, start, start_mlflow_runs
 
 
@@ -42,11 +43,14 @@ HYDRA_TO_LIGHTNING = {
     "critic": ("model", "critic"),
     "data": ("data",),
     "gconfig": ("data", "gconfig"),
+    "eval": ("data", "eval"),
     "trainer": ("trainer",),
     "logger": ("trainer", "logger"),
     "seed": ("seed_everything",),
 }
 SCHEDULERS = ("local",)
+EVALUATING = ("validate", "test")
+"""Subcommands that score the test split of a trained (or the untrained) model (lit_ppo.evaluation)."""
 
 
 def conf_dir() -> Path:
@@ -82,6 +86,7 @@ def _known_keys() -> dict[str, list[str]]:
     """Hydra-side section -> field names, for 'did you mean' suggestions."""
     return {"actor": [f.name for f in fields(PPOActorConfig)], "critic": [f.name for f in fields(PPOCriticConfig)],
             "gconfig": [f.name for f in fields(GenerationConfig)], "model": [f.name for f in fields(ModelConfig)],
+            "eval": [f.name for f in fields(EvalConfig)],
             "data": list(inspect.signature(RolloutDataModule.__init__).parameters)[1:],
             "rollout": ["engine", "engine_kwargs", "max_logp_gap"],
             "trainer": list(inspect.signature(__import__("lightning").Trainer.__init__).parameters)[1:]}
@@ -218,8 +223,8 @@ def _construct(cls, values: Any, key: str):
         raise ConfigError(message) from None
 
 
-def validate(tree: dict) -> None:
-    """Check a LightningCLI tree before anything is instantiated (no model is loaded)."""
+def validate(tree: dict, subcommand: str = "fit") -> None:
+    """Check a LightningCLI tree for ``subcommand`` before anything is instantiated (no model is loaded)."""
     model = tree.get("model") or {}
     for name in model:
         if name not in ("model", "actor", "critic", "algo"):
@@ -239,10 +244,15 @@ def validate(tree: dict) -> None:
             hint = f" (did you mean data.{close[0]}?)" if close else ""
             raise ConfigError(f"data.{name} is not a key{hint}; allowed: {', '.join(allowed)}")
     gconfig = _construct(GenerationConfig, data.get("gconfig") or {}, "gconfig")
+    eval_cfg = _construct(EvalConfig, data.get("eval") or {}, "eval")
     try:  # builds the task (its data, not a model): bad task settings fail here
-        RolloutDataModule(**{**data, "gconfig": gconfig})
+        datamodule = RolloutDataModule(**{**data, "gconfig": gconfig, "eval": eval_cfg})
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None
+    if subcommand in EVALUATING and datamodule.eval_problem_count() == 0:
+        raise ConfigError(f"{subcommand}: task {task_name(datamodule.task)!r} has no test problems to score "
+                          f"(eval.max_problems={datamodule.eval.max_problems}; a dataset task takes "
+                          f"data.task_kwargs.test_path or test_fraction)")
     if actor.temperature != gconfig.temperature:
         raise ConfigError(f"actor.temperature={actor.temperature} must equal gconfig.temperature="
                           f"{gconfig.temperature}: the trainer recomputes log-probs under the sampling distribution")
@@ -265,6 +275,12 @@ class LitPPOCLI(LightningCLI):
                          seed_everything_default=0, auto_configure_optimizers=False)
 
     def before_instantiate_classes(self) -> None:
+        if self.subcommand in EVALUATING:
+            # The scores print as a table; nothing is recorded: no run directory, tracking or saved config.
+            self.run_dir = None
+            self.save_config_callback = None
+            self.config[self.subcommand].trainer.logger = False
+            return
         # Before any model loads: a tracking store that answers (else a ConfigError), the run's own directory.
         self.run_dir = start(self.config[self.subcommand])
         self.save_config_kwargs["run_dir"] = self.run_dir
@@ -274,11 +290,16 @@ class LitPPOCLI(LightningCLI):
         if self.run_dir is not None:
             kwargs.setdefault("default_root_dir", str(self.run_dir))
         trainer_config = self._get(self.config_init, "trainer", default={})
+        callbacks = trainer_config.get("callbacks") or []
         if trainer_config.get("enable_progress_bar") is False:
             # The presets' progress callback yields to the switch (Lightning refuses the two together).
-            kwargs["callbacks"] = [cb for cb in trainer_config.get("callbacks") or [] if not isinstance(cb, ProgressBar)]
+            callbacks = kwargs["callbacks"] = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
+        if self.subcommand in EVALUATING:  # nothing trains, so nothing is checkpointed
+            kwargs["callbacks"] = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
         trainer = super().instantiate_trainer(**kwargs)
-        start_mlflow_runs(trainer.loggers, self.run_dir)
+        if self.subcommand in EVALUATING:
+            return trainer
+        start_mlflow_runs(trainer, self.config[self.subcommand], self.run_dir)
         return trainer
 
     def _run_subcommand(self, subcommand: str) -> None:
@@ -295,7 +316,8 @@ class LitPPOCLI(LightningCLI):
 # args on purpose (a DDP launcher re-runs it).
 EXPECTED_WARNINGS = ("Using ModelCheckpoint with manual optimization", "You are using the `dataloader_iter` step",
                      "Found `dataloader_iter` argument", "Found .* module\\(s\\) in eval mode",
-                     "LightningCLI's args parameter is intended")
+                     "LightningCLI's args parameter is intended",
+                     "Be aware that when using `ckpt_path`, callbacks used to create the checkpoint")
 
 
 def _keep_traceback(error: BaseException) -> Path | None:
@@ -311,8 +333,51 @@ def _keep_traceback(error: BaseException) -> Path | None:
     return None
 
 
+def _set_key(tree: dict, override: str) -> None:
+    """Apply one ``key=value`` override (Hydra-side key, YAML value) to a LightningCLI tree."""
+    key, _, value = override.partition("=")
+    root, *rest = key.split(".")
+    if root == "rollout":
+        path = ["data", *rest]
+    elif root in HYDRA_TO_LIGHTNING:
+        path = [*HYDRA_TO_LIGHTNING[root], *rest]
+    else:
+        raise ConfigError(f"{key} is not a key: must start with one of "
+                          f"{', '.join(sorted(HYDRA_TO_LIGHTNING) + ['rollout'])}")
+    node = tree
+    for part in path[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key}: {part} is not a mapping in the checkpoint's config")
+        node = child
+    node[path[-1]] = yaml.safe_load(value) if value else None
+
+
+def evaluation_tree(subcommand: str, ckpt_path: str, overrides: list[str]) -> dict | None:
+    """The config of ``validate`` / ``test --ckpt_path``: the run's own, recorded in the checkpoint,
+    with ``key=value`` overrides on top (e.g. ``eval.k=16``); None for a checkpoint that records none
+    (then the overrides are fit's, composed from the presets)."""
+    try:
+        text = recorded_config(ckpt_path)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if text is None:
+        return None
+    groups = [o for o in overrides if _is_group(o)]
+    if groups:
+        raise ConfigError(f"{subcommand} --ckpt_path uses the checkpoint's own config: {groups[0]} cannot change it "
+                          f"(give key=value overrides, or every fit override with --config run.yaml)")
+    tree = {k: v for k, v in yaml.safe_load(text).items() if k in ("model", "data", "trainer", "seed_everything")}
+    for override in overrides:
+        _set_key(tree, override)
+    return tree
+
+
 def run(argv: list[str]) -> int:
-    """``fit`` with Hydra overrides and/or LightningCLI flags; returns the exit code."""
+    """``fit``, ``validate`` or ``test`` with Hydra overrides and/or LightningCLI flags; returns the
+    exit code."""
     import warnings
 
     for message in EXPECTED_WARNINGS:
@@ -326,12 +391,15 @@ def run(argv: list[str]) -> int:
             if overrides:
                 raise ConfigError("give either Hydra overrides (key=value) or --config run.yaml, not both")
             loaded = read_config_file(config_file)
-            validate({k: v for k, v in loaded.items() if k in ("model", "data", "trainer")})
+            validate({k: v for k, v in loaded.items() if k in ("model", "data", "trainer")}, subcommand)
             check_resume_args(flags, loaded, error=ConfigError)
             args = [subcommand] + flags
         else:
-            tree = compose(overrides)
-            validate(tree)
+            ckpt_path = flag_value(flags, "--ckpt_path") if subcommand in EVALUATING else None
+            tree = evaluation_tree(subcommand, ckpt_path, overrides) if ckpt_path else None
+            if tree is None:
+                tree = compose(overrides)
+            validate(tree, subcommand)
             check_resume_args(flags, tree, error=ConfigError)
             handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="lit_ppo_", delete=False)
             with handle:

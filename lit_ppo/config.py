@@ -379,3 +379,28 @@ class GenerationConfig:
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
             _fail("gconfig.top_k", self.top_k, "an integer >= 0 (0 disables)")
         _check_number("gconfig.top_p", self.top_p, low=0.0, low_open=True, high=1.0)
+
+
+@dataclass
+class EvalConfig:
+    """How the task's test split is scored (``eval/*`` metrics, ``validate`` and ``test``)."""
+
+    k: int = 4
+    """Samples per test problem, at the training sampling distribution, for ``eval/pass_at_<k>`` and
+    ``eval/mean_at_<k>``; 0 scores the greedy completion only."""
+    max_problems: int | None = 256
+    """Score the first this many test problems (the split's fixed order, so every evaluation of a
+    run sees the same ones); 0 disables evaluation; null scores the whole split."""
+    success_threshold: float = 1.0
+    """A completion counts as correct when its reward is at least this."""
+    batch_size: int = 64
+    """Test problems per generate call (per rank)."""
+
+    def __post_init__(self):
+        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 0:
+            _fail("eval.k", self.k, "an integer >= 0 (0: greedy only)")
+        if self.max_problems is not None and (not isinstance(self.max_problems, int)
+                                              or isinstance(self.max_problems, bool) or self.max_problems < 0):
+            _fail("eval.max_problems", self.max_problems, "an integer >= 0 (0 disables evaluation) or null")
+        _check_number("eval.success_threshold", self.success_threshold)
+        _check_positive_int("eval.batch_size", self.batch_size)

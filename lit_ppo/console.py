@@ -1,7 +1,7 @@
 """What the console shows besides the run itself: nothing.
 
 Dependencies print lines that are not about this run: a deprecation inside Lightning's own pytree
-helper, an advertisement for a cloud logger, transformers' weight-loading bar (garbled in a log
+helper, advertisements for a cloud logger and model registry, transformers' weight-loading bar (garbled in a log
 file, and the run prints its own progress), and vLLM's ``<Layer>: Failed to load weights`` for
 layers without trainable weights (the rotary embedding's cache) on every weight push, which reads
 like a failure. The engine checks every push itself (VLLMEngine.update_weights names any parameter
@@ -14,7 +14,7 @@ import logging
 import warnings
 
 _NOISE = {
-    "lightning.pytorch.utilities.rank_zero": ("litlogger",),
+    "lightning.pytorch.utilities.rank_zero": ("litlogger", "litmodels"),
     "vllm.model_executor.model_loader.reload.layerwise": ("Failed to load weights",),
 }
 """Logger name -> message fragments dropped from it."""

@@ -12,13 +12,15 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from dataclasses import replace
 from typing import Callable, Iterator
 
 import lightning as L
 import torch
 
-from lit_ppo.config import GenerationConfig
+from lit_ppo.config import EvalConfig, GenerationConfig
 from lit_ppo.errors import RunStopped
+from lit_ppo.evaluation import SUMS, Evaluation, greedy
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.engine import RolloutEngine, SamplingParams
 from lit_ppo.rollout.workflows import (MultiTurnWorkflow, SingleTurnWorkflow, check_invalid_reward_action,
@@ -85,6 +87,8 @@ class RolloutDataModule(L.LightningDataModule):
             alone gives larger gaps (measured 6e-3 with a bfloat16 vLLM engine and a float32 trainer
             on the tiny model, more on larger ones), so such runs raise it (e.g. 0.05; the error
             names the lower-precision settings) or set it to None (null) to disable the check.
+        eval: how the task's test split is scored every ``trainer.val_check_interval`` iterations,
+            at the end of ``fit``, and by ``validate`` / ``test`` (see ``lit_ppo.evaluation``).
     """
 
     def __init__(self, task: str = "arithmetic", task_kwargs: dict | None = None,
@@ -92,7 +96,8 @@ class RolloutDataModule(L.LightningDataModule):
                  engine_kwargs: dict | None = None,
                  dynamic_filter_fn: str | None = None, dynamic_bs: bool = False, max_attempts_factor: int = 8,
                  system_prompt: str | None = None, seed: int = 0, max_turns: int = 4, turn_discount: float = 1.0,
-                 on_invalid_reward: str = "error", max_logp_gap: float | None = 1e-3):
+                 on_invalid_reward: str = "error", max_logp_gap: float | None = 1e-3,
+                 eval: EvalConfig | None = None):
         super().__init__()
         if engine not in ENGINES:
             raise ValueError(f"data.engine={engine!r} is invalid: must be one of {', '.join(map(repr, ENGINES))}")
@@ -121,6 +126,8 @@ class RolloutDataModule(L.LightningDataModule):
         self.turn_discount = turn_discount
         self.on_invalid_reward = on_invalid_reward
         self.max_logp_gap = None if max_logp_gap is None else float(max_logp_gap)
+        self.eval = EvalConfig(**eval) if isinstance(eval, dict) else eval or EvalConfig()
+        self.evaluation: Evaluation | None = None
         self.engine: RolloutEngine | None = None
         self.workflow: SingleTurnWorkflow | MultiTurnWorkflow | None = None
         # Position in the prompt stream and the number of generate calls: the resumable state.
@@ -146,14 +153,50 @@ class RolloutDataModule(L.LightningDataModule):
         module = self.trainer.lightning_module
         if self.engine is None:
             self.engine = self._build_engine(module)
-        params = self.sampling_params(module.tokenizer)
-        if is_multi_turn(self.task):
-            self.workflow = MultiTurnWorkflow(module.tokenizer, self.task, params, self.max_turns,
-                                              self.turn_discount, self.system_prompt, self.on_invalid_reward)
-        else:
-            self.workflow = SingleTurnWorkflow(module.tokenizer, self.task, params, self.system_prompt,
-                                               self.on_invalid_reward)
+        self.workflow = self._workflow(module.tokenizer, self.sampling_params(module.tokenizer))
         return self._stream()
+
+    def val_dataloader(self) -> "EvalBatches":
+        return self._eval_batches()
+
+    def test_dataloader(self) -> "EvalBatches":
+        return self._eval_batches()
+
+    def eval_problem_count(self) -> int:
+        """How many test problems an evaluation scores (the first ones of the split)."""
+        available = len(self.task.problems("test"))
+        return available if self.eval.max_problems is None else min(available, self.eval.max_problems)
+
+    def evaluate(self, indices: list[int]) -> torch.Tensor:
+        """The ``lit_ppo.evaluation.SUMS`` of the test problems at ``indices``, scored by the engine."""
+        if not indices:
+            return torch.zeros(len(SUMS), dtype=torch.float64)
+        problems = self.task.problems("test")
+        # The same seed for the same problems at every evaluation: curves compare like with like.
+        seed = _seed(self.seed, -1, indices[0])
+        self.engine.wake()
+        return self.evaluation.score(self.engine, [problems[i] for i in indices], seed)
+
+    def _eval_batches(self) -> "EvalBatches":
+        """This rank's test problem indices (every world-th), in batches of ``eval.batch_size``."""
+        module = self.trainer.lightning_module
+        if self.engine is None:
+            self.engine = self._build_engine(module)
+        params = self.sampling_params(module.tokenizer)
+        sampled = replace(params, n=self.eval.k) if self.eval.k else None
+        self.evaluation = Evaluation(self.eval, self._workflow(module.tokenizer, greedy(params)),
+                                     sampled and self._workflow(module.tokenizer, sampled))
+        count = self.eval_problem_count()
+        mine = list(range(self.trainer.global_rank, count, self.trainer.world_size))
+        batches = [mine[i:i + self.eval.batch_size] for i in range(0, len(mine), self.eval.batch_size)]
+        # A rank without problems still runs the loop (an empty batch): the sums are added over all ranks.
+        return EvalBatches(batches or ([[]] if count else []))
+
+    def _workflow(self, tokenizer, params: SamplingParams) -> SingleTurnWorkflow | MultiTurnWorkflow:
+        if is_multi_turn(self.task):
+            return MultiTurnWorkflow(tokenizer, self.task, params, self.max_turns, self.turn_discount,
+                                     self.system_prompt, self.on_invalid_reward)
+        return SingleTurnWorkflow(tokenizer, self.task, params, self.system_prompt, self.on_invalid_reward)
 
     def state_dict(self) -> dict:
         if self.collecting:  # an abandoned batch: resume where the last completed one left the stream
@@ -263,6 +306,20 @@ class RolloutDataModule(L.LightningDataModule):
             batch = RolloutBatch.concat(accepted, pad_id=self.workflow.pad_id)
         batch.metrics = metrics
         return batch
+
+
+class EvalBatches:
+    """Batches of test problem indices, re-iterable at every evaluation: one dataloader to
+    Lightning (which would take a list of them for several)."""
+
+    def __init__(self, batches: list[list[int]]):
+        self.batches = batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
 
 
 def _empty_batch() -> RolloutBatch:

@@ -16,15 +16,17 @@ from dataclasses import asdict, dataclass, field
 import lightning as L
 import torch
 import torch.distributed as dist
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lit_ppo.algos import compute_advantages, policy_loss, value_loss
 from lit_ppo.checkpoints import install_checkpoint_io, run_record
 from lit_ppo.config import OptimizerConfig, PPOActorConfig, PPOCriticConfig
 from lit_ppo.errors import RunStopped
+from lit_ppo.evaluation import SUMS, eval_metrics
 from lit_ppo.models import build_critic, build_reference, load_causal_lm, token_logprobs, use_chat_template
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.engine import SamplingParams
+from lit_ppo.rollout.workflows import task_name
 from lit_ppo.sampling import allowed_mask
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -211,6 +213,8 @@ class LitPPO(L.LightningModule):
         """The batch of the latest iteration (for sample logging)."""
         self._skipped_in_a_row = 0
         """Consecutive iterations with at least one skipped (non-finite) optimizer step."""
+        self._eval_sums = torch.zeros(len(SUMS), dtype=torch.float64)
+        """``lit_ppo.evaluation.SUMS`` of the evaluation in progress (this rank's problems)."""
 
     # ------------------------------------------------------------------ setup
     def configure_optimizers(self):
@@ -251,6 +255,10 @@ class LitPPO(L.LightningModule):
         self._allowed = allowed_mask(self.sampling.allowed_token_ids, self.policy.get_output_embeddings().weight.shape[0],
                                      self.device)
         self._logp_gap_check = _LogpGapCheck.of(self, datamodule)
+        if datamodule.eval_problem_count() == 0:  # Lightning would warn about an empty loader each time
+            self.trainer.limit_val_batches = 0
+            rank_zero_info(f"no evaluation: task {task_name(datamodule.task)!r} has no test problems "
+                           f"(eval.max_problems={datamodule.eval.max_problems})")
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["policy_version"] = self.version
@@ -345,6 +353,12 @@ class LitPPO(L.LightningModule):
             returns = adv.returns[mask]
             metrics["critic/explained_variance"] = float(1 - (returns - values[mask]).var() / returns.var().clamp(min=1e-8))
         self._log_iteration(metrics, start, n_tokens)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        # Lightning ends at trainer.max_steps without evaluating; a stop request at the last
+        # iteration makes it run the validation loop once more first (the final eval/* metrics).
+        if 0 < self.trainer.max_steps <= self.trainer.global_step:
+            self.trainer.should_stop = True
 
     def _check_on_policy(self, batch: RolloutBatch) -> None:
         versions = batch.versions[batch.loss_mask]
@@ -515,6 +529,32 @@ class LitPPO(L.LightningModule):
             dist.all_reduce(count, op=dist.ReduceOp.MAX)
             mbs += [[] for _ in range(int(count) - len(mbs))]
         return mbs
+
+    # ------------------------------------------------------------------ evaluation (lit_ppo.evaluation)
+    def on_validation_epoch_start(self) -> None:
+        self._eval_sums = torch.zeros(len(SUMS), dtype=torch.float64)
+
+    def validation_step(self, batch: list[int], batch_idx: int) -> None:
+        """Score test problems ``batch`` (indices into the task's test split) through the engine."""
+        from lit_ppo.callbacks.graceful_stop import received_signal
+
+        if received_signal() is not None:  # stopping: the checkpoint matters now, not the scores
+            return
+        self._eval_sums += self.trainer.datamodule.evaluate(batch)
+
+    def on_validation_epoch_end(self) -> None:
+        """Add the sums over ranks and log the means (every rank calls this exactly once)."""
+        datamodule = self.trainer.datamodule
+        sums = self.trainer.strategy.reduce(self._eval_sums.to(self.device), reduce_op="sum").cpu()
+        metrics = eval_metrics(sums, datamodule.eval.k)
+        if metrics:  # float64 tensors: Lightning would store Python floats in float32
+            self.log_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}, on_step=False,
+                          on_epoch=True, sync_dist=False, batch_size=1)
+        datamodule.engine.sleep()
+
+    on_test_epoch_start = on_validation_epoch_start
+    test_step = validation_step
+    on_test_epoch_end = on_validation_epoch_end
 
     # ------------------------------------------------------------------ metrics
     def _log_iteration(self, metrics: dict[str, float], start: float, n_tokens: int) -> None:

@@ -29,13 +29,17 @@ def sampling_logits(logits: torch.Tensor, *, temperature: float = 1.0, top_k: in
     """Logits ``[..., V]`` of the sampling distribution: float32, -inf outside its support.
 
     ``allowed`` is a bool ``[V]`` mask (see ``allowed_mask``). top-p keeps the smallest set of most
-    likely tokens whose probability reaches ``top_p`` (always at least one token).
+    likely tokens whose probability reaches ``top_p`` (always at least one token). Temperature 0 is
+    greedy decoding: all mass on the most likely allowed token (the first of equals).
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature={temperature} is invalid: must be > 0")
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} is invalid: must be > 0 (or 0 for greedy decoding)")
     out = logits.float()
     if allowed is not None:
         out = out.masked_fill(~allowed, -torch.inf)
+    if temperature == 0:
+        best = out.argmax(-1, keepdim=True)
+        return torch.full_like(out, -torch.inf).scatter(-1, best, 0.0)
     if temperature != 1.0:
         out = out / temperature
     if top_k and top_k < out.shape[-1]:

@@ -7,6 +7,12 @@ with an exclusive ``mkdir`` (``-2``, ``-3``, ... on a collision), so concurrent 
 Rank 0 chooses it before Lightning starts the other ranks, which inherit it through
 ``LIT_PPO_RUN_DIR``; ranks started by an external launcher receive it by broadcast at setup.
 
+Resuming (``--ckpt_path``) continues the run the checkpoint records (``run_reference``, stored in its
+``lit_ppo`` record): the same directory, whose ``config.yaml`` stays the config the run started with
+(the resuming config is saved beside it as ``config-resumed-<time>.yaml``), and the same MLflow run,
+RUNNING again. When the directory is gone or the MLflow run is not in the current store, a new run
+starts, with one line on stderr saying why.
+
 What a printed config leaves unset is resolved here, when the run starts: the tracking URI from
 ``MLFLOW_TRACKING_URI`` (else ``sqlite:///mlflow.db``), the experiment from ``MLFLOW_EXPERIMENT_NAME``
 (else ``lit_ppo``), the ``git_sha`` tag from the code that runs. mlflow is imported only by a run
@@ -15,8 +21,9 @@ that tracks with it.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
+import importlib.metadata
+import importlib.util
 import itertools
 import os
 import re
@@ -26,25 +33,19 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
 from lightning.pytorch.cli import SaveConfigCallback
-from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 
+from lit_ppo.checkpoints import recorded_run
 from lit_ppo.cli_errors import ConfigError
+from lit_ppo.mlflow_store import (TrackingError, first_line, prepare_store, resolve_experiment,
+                                  resolve_tracking_uri)
 
 RUN_DIR_ENV = "LIT_PPO_RUN_DIR"
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-DEFAULT_EXPERIMENT = "lit_ppo"
 # Environment variables through which launchers tell a process its rank (Lightning's DDP launcher:
 # LOCAL_RANK; torchrun: RANK, GROUP_RANK; SLURM: SLURM_PROCID; other nodes: NODE_RANK; LSF).
 RANK_ENV = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
-# MLflow's own client retries an unreachable server for minutes; the probe answers in seconds.
-PROBE_TIMEOUT_S = 10.0
-# Creating or migrating a fresh sqlite store takes seconds; a lock held this long is a stuck process.
-STORE_LOCK_TIMEOUT_S = 120.0
-
-
-class TrackingError(ConfigError):
-    """The tracking store cannot be used; reported as one line (exit code 2) before any model loads."""
 
 
 def git_sha() -> str:
@@ -54,14 +55,6 @@ def git_sha() -> str:
                               cwd=Path(__file__).parent, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-
-
-def resolve_tracking_uri(configured: str | None) -> str:
-    return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-
-
-def resolve_experiment(configured: str | None) -> str:
-    return configured or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
 
 
 class MLflowRunLogger(MLFlowLogger):
@@ -87,6 +80,41 @@ class MLflowRunLogger(MLFlowLogger):
         super().__init__(experiment_name=resolve_experiment(experiment_name), run_name=run_name,
                          tracking_uri=resolve_tracking_uri(tracking_uri), tags=tags, log_model=log_model,
                          prefix=prefix, artifact_location=artifact_location, run_id=run_id)
+        self._continued = run_id is not None
+
+    def log_hyperparams(self, params: Any) -> None:
+        """As MLFlowLogger; a continued run keeps the params it has (MLflow refuses to change one, and a
+        resume may change settings such as trainer.max_steps) and gets only those it lacks."""
+        if self._continued:
+            had = self.experiment.get_run(self.run_id).data.params
+            params = {k: v for k, v in _flatten_dict(_convert_params(params)).items() if k not in had}
+        super().log_hyperparams(params)
+
+
+def _in_run_dir(save_dir: str | None) -> str:
+    """``save_dir``, else the run directory (ranks that learn it by broadcast write no logs)."""
+    return save_dir or os.environ.get(RUN_DIR_ENV) or os.curdir
+
+
+class TensorBoardRunLogger(TensorBoardLogger):
+    """Lightning's TensorBoardLogger writing into the run directory: ``<run dir>/tensorboard/version_<n>/``
+    (a resumed run adds the next version). Arguments as TensorBoardLogger; ``save_dir`` None for the run
+    directory."""
+
+    def __init__(self, save_dir: str | None = None, name: str = "tensorboard", version: int | str | None = None,
+                 **kwargs: Any):
+        super().__init__(_in_run_dir(save_dir), name=name, version=version, **kwargs)
+
+
+class CSVRunLogger(CSVLogger):
+    """Lightning's CSVLogger writing into the run directory: ``<run dir>/csv/version_<n>/metrics.csv`` (a
+    resumed run adds the next version: Lightning deletes a metrics.csv it finds in its directory).
+    Arguments as CSVLogger; ``save_dir`` None for the run directory."""
+
+    def __init__(self, save_dir: str | None = None, name: str = "csv", version: int | str | None = None,
+                 prefix: str = "", flush_logs_every_n_steps: int = 100):
+        super().__init__(_in_run_dir(save_dir), name=name, version=version, prefix=prefix,
+                         flush_logs_every_n_steps=flush_logs_every_n_steps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,78 +160,6 @@ def launched_as_rank_zero() -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# the MLflow store
-# ---------------------------------------------------------------------------------------------
-
-def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
-
-
-def _sqlite_file(uri: str) -> str | None:
-    """The database file of a ``sqlite:///relative`` or ``sqlite:////absolute`` URI (None in memory)."""
-    rest = uri[len("sqlite://"):].split("?", 1)[0]
-    return rest[1:] if rest.startswith("/") and rest[1:] not in ("", ":memory:") else None
-
-
-def _probe(uri: str, source: str) -> None:
-    """Fail at once when nothing answers at ``uri``; any HTTP answer (an error status included) counts."""
-    import urllib.error
-    import urllib.request
-
-    try:
-        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=PROBE_TIMEOUT_S).close()
-    except urllib.error.HTTPError:
-        return
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", None) or e
-        raise TrackingError(f"MLflow tracking server {uri} is unreachable ({source}): {reason}") from None
-
-
-def _ensure_experiment(uri: str, experiment: str, artifact_location: str | None) -> None:
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)  # builds the store: creates or migrates a fresh database
-    found = client.get_experiment_by_name(experiment)
-    if found is not None and found.lifecycle_stage == "deleted":
-        raise TrackingError(f"MLflow experiment {experiment!r} is deleted in {uri}: restore it (mlflow experiments "
-                            "restore) or choose another name (MLFLOW_EXPERIMENT_NAME)")
-    if found is None:
-        try:
-            client.create_experiment(experiment, artifact_location=artifact_location)
-        except MlflowException as e:  # another run created it since
-            if e.error_code != "RESOURCE_ALREADY_EXISTS":
-                raise
-
-
-def prepare_store(uri: str, source: str, experiment: str, artifact_location: str | None = None) -> None:
-    """Make ``uri`` ready for a run of ``experiment`` before any model loads: a server must answer;
-    a sqlite database is created, migrated and given the experiment under ``<db>.lock``, because
-    MLflow's schema migrations race when two runs open one fresh database at once. ``source`` names
-    where ``uri`` came from, for the error message."""
-    scheme = uri.split(":", 1)[0].lower()
-    lock: Any = contextlib.nullcontext()
-    if scheme in ("http", "https"):
-        _probe(uri, source)
-    elif scheme == "sqlite":
-        database = _sqlite_file(uri)
-        if database:
-            from filelock import FileLock
-
-            lock = FileLock(database + ".lock", timeout=STORE_LOCK_TIMEOUT_S)
-    else:
-        return  # other stores (databricks, ...) are MLflow's business
-    try:
-        with lock:
-            _ensure_experiment(uri, experiment, artifact_location)
-    except TrackingError:
-        raise
-    except Exception as e:  # whatever the store says, as one line
-        raise TrackingError(f"MLflow tracking store {uri} ({source}) cannot be used: {_first_line(e)}") from None
-
-
-# ---------------------------------------------------------------------------------------------
 # from the parsed config to a started run
 # ---------------------------------------------------------------------------------------------
 
@@ -213,20 +169,29 @@ def _as_dict(value: Any) -> dict:
     return dict(vars(value)) if not isinstance(value, dict) else dict(value)
 
 
-def _mlflow_loggers(logger_config: Any) -> list[tuple[type, dict]]:
-    """(class, init_args) of every MLflow logger in the parsed ``trainer.logger`` value."""
+def _get(node: Any, key: str) -> Any:
+    """``node[key]`` of a dict, else its attribute (a parsed Namespace, a dataclass); None if absent."""
+    return node.get(key) if isinstance(node, dict) else getattr(node, key, None)
+
+
+def _logger_specs(logger_config: Any) -> list[tuple[type, Any]]:
+    """(class, spec) of every logger given by ``class_path`` in the parsed ``trainer.logger`` value."""
     specs = logger_config if isinstance(logger_config, list) else [logger_config]
     out = []
     for spec in specs:
-        class_path = getattr(spec, "class_path", None) or (spec.get("class_path") if isinstance(spec, dict) else None)
+        class_path = _get(spec, "class_path")
         if not class_path:
             continue
         module, _, name = class_path.rpartition(".")
         cls = getattr(importlib.import_module(module), name)
-        if isinstance(cls, type) and issubclass(cls, MLFlowLogger):
-            init_args = getattr(spec, "init_args", None) if not isinstance(spec, dict) else spec.get("init_args")
-            out.append((cls, _as_dict(init_args)))
+        if isinstance(cls, type):
+            out.append((cls, spec))
     return out
+
+
+def _mlflow_loggers(logger_config: Any) -> list[tuple[type, Any]]:
+    """(class, spec) of every MLflow logger in the parsed ``trainer.logger`` value."""
+    return [(cls, spec) for cls, spec in _logger_specs(logger_config) if issubclass(cls, MLFlowLogger)]
 
 
 def _tracking_setting(cls: type, init_args: dict) -> tuple[str | None, str, str]:
@@ -239,11 +204,79 @@ def _tracking_setting(cls: type, init_args: dict) -> tuple[str | None, str, str]
     return configured, source, init_args.get("experiment_name") or "lightning_logs"
 
 
+def _check_tensorboard(logger_config: Any) -> None:
+    """A TensorBoard logger without its package fails here, as one line, not in Lightning's constructor."""
+    for cls, _ in _logger_specs(logger_config):
+        if (issubclass(cls, TensorBoardLogger) and importlib.util.find_spec("tensorboard") is None
+                and importlib.util.find_spec("tensorboardX") is None):
+            raise ConfigError(f"trainer.logger {cls.__name__} needs the tensorboard package, which is not "
+                              "installed: pip install tensorboard")
+
+
+def _what_ran(config: Any) -> dict[str, str]:
+    """algo, task and model of the parsed ``fit`` config, task and model shortened as in run names."""
+    weights = _get(config.model.model, "source") or "tiny"
+    return {"algo": str(config.model.algo), "task": _short(config.data.task), "model": _short(weights)}
+
+
+def _missing_mlflow_run(uri: str | None, experiment: str, run_id: str, recorded_uri: str) -> str | None:
+    """Why the MLflow run ``run_id`` (recorded in ``recorded_uri``) cannot be continued in ``uri``, or None."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise TrackingError(f"MLflow tracking store {client.tracking_uri} cannot be used: "
+                                f"{first_line(e)}") from None
+        run = None
+    if run is None or run.info.lifecycle_stage == "deleted":
+        return f"its MLflow run {run_id} (of {recorded_uri}) is not in {client.tracking_uri}"
+    found = client.get_experiment(run.info.experiment_id).name
+    if found != experiment:
+        return f"its MLflow run {run_id} is in experiment {found}, not {experiment}"
+    return None
+
+
+def _continued_run(config: Any) -> Path | None:
+    """On a resume, the checkpoint's run directory, its MLflow run set as the first MLflow logger's
+    ``run_id``; None (with a one-line note when a checkpoint was given) to start a new run."""
+    ckpt_path = _get(config, "ckpt_path")
+    record = recorded_run(ckpt_path)
+    if record is None:
+        return None
+    run_dir, run_id = record.get("dir"), record.get("mlflow_run_id")
+    loggers = _mlflow_loggers(config.trainer.logger)[:1]
+    missing = None
+    if not run_dir:
+        missing = "it records no run directory"
+    elif not os.path.isdir(run_dir):
+        missing = f"its run directory {run_dir} is gone"
+    elif loggers and run_id and not _get(_get(loggers[0][1], "init_args"), "run_id"):
+        cls, spec = loggers[0]
+        uri, _, experiment = _tracking_setting(cls, _as_dict(_get(spec, "init_args")))
+        missing = _missing_mlflow_run(uri, experiment, run_id, record.get("mlflow_tracking_uri"))
+        if missing is None:
+            init_args = _get(spec, "init_args")
+            if isinstance(init_args, dict):
+                init_args["run_id"] = run_id
+            else:
+                init_args.run_id = run_id
+    if missing is not None:
+        print(f"note: --ckpt_path {ckpt_path}: {missing}: starting a new run", file=sys.stderr, flush=True)
+        return None
+    return Path(run_dir)
+
+
 def start(config: Any) -> Path | None:
-    """Before anything is instantiated from the parsed ``fit`` config: make every MLflow store ready
-    and, on rank 0, create the run directory, export it to the ranks Lightning will start and print
-    it. Returns the run directory (None on a rank that learns it by broadcast at setup)."""
-    loggers = _mlflow_loggers(config.trainer.logger)
+    """Before anything is instantiated from the parsed ``fit`` config: check that the loggers can work,
+    make every MLflow store ready and, on rank 0, create the run directory (or continue the resumed
+    checkpoint's), export it to the ranks Lightning will start and print it. Returns the run directory
+    (None on a rank that learns it by broadcast at setup)."""
+    _check_tensorboard(config.trainer.logger)
+    loggers = [(cls, _as_dict(_get(spec, "init_args"))) for cls, spec in _mlflow_loggers(config.trainer.logger)]
     experiment = None
     for cls, init_args in loggers:
         uri, source, name = _tracking_setting(cls, init_args)
@@ -253,42 +286,69 @@ def start(config: Any) -> Path | None:
     if not launched_as_rank_zero():
         inherited = os.environ.get(RUN_DIR_ENV)
         return Path(inherited) if inherited else None
-    prefixes = [init_args.get("run_name") for _, init_args in loggers if init_args.get("run_name")]
-    model = config.model.model
-    weights = getattr(model, "source", None) or (model.get("source") if isinstance(model, dict) else None) or "tiny"
-    description = prefixes[0] if prefixes else "-".join(
-        _short(part) for part in (config.model.algo, config.data.task, weights))
-    root = config.trainer.default_root_dir or "runs"
-    path = create_run_dir(root, experiment or resolve_experiment(None), run_name(description))
+    path = _continued_run(config)
+    if path is None:
+        prefixes = [init_args.get("run_name") for _, init_args in loggers if init_args.get("run_name")]
+        description = prefixes[0] if prefixes else "-".join(
+            _short(part) for part in _what_ran(config).values())
+        root = config.trainer.default_root_dir or "runs"
+        path = create_run_dir(root, experiment or resolve_experiment(None), run_name(description))
     os.environ[RUN_DIR_ENV] = os.path.abspath(path)
     print(f"run directory: {path}", file=sys.stderr, flush=True)
     return path
 
 
-def start_mlflow_runs(loggers: list, run_dir: Path | None) -> None:
+def run_tags(config: Any, trainer: Any, run_dir: Path) -> dict[str, str]:
+    """The MLflow tags of a run, to filter and group runs by: what ran (algo, task, model, engine), on
+    how many processes, with which code, and where its directory is."""
+    return {**_what_ran(config), "engine": str(_get(config.data, "engine")), "world_size": str(trainer.world_size),
+            "git_sha": git_sha(), "lit_ppo_version": importlib.metadata.version("lit_ppo"),
+            "run_dir": os.path.abspath(run_dir)}
+
+
+def start_mlflow_runs(trainer: Any, config: Any, run_dir: Path | None) -> None:
     """On rank 0, right after the trainer is built: start the run of every MLflow logger, named like
-    the run directory and tagged with the running code's ``git_sha`` (whatever a replayed config
-    says), and print its id. Lightning itself starts them before any callback's setup."""
+    the run directory, or mark a continued one RUNNING again; tag it with ``run_tags`` (the running
+    code's ``git_sha`` whatever a replayed config says) and print its id. Lightning itself starts them
+    before any callback's setup."""
     if run_dir is None or not launched_as_rank_zero():
         return
-    sha = git_sha()
-    for logger in loggers:
+    tags = run_tags(config, trainer, run_dir)
+    for logger in trainer.loggers:
         if not isinstance(logger, MLFlowLogger):
             continue
         continuing = logger._run_id is not None
         if not continuing:
             # MLFlowLogger creates its run from these two attributes on first use of ``experiment``.
             logger._run_name = run_dir.name
-            logger.tags = {**(logger.tags or {}), "git_sha": sha, "run_dir": os.path.abspath(run_dir)}
+            logger.tags = {**(logger.tags or {}), **tags}
         client, run_id = logger.experiment, logger.run_id
         if continuing:
-            client.set_tag(run_id, "git_sha", sha)
+            client.update_run(run_id, status="RUNNING")
+            for key, value in tags.items():
+                client.set_tag(run_id, key, value)
         experiment = client.get_experiment(logger.experiment_id).name
         print(f"mlflow run id: {run_id} ({client.tracking_uri}, experiment {experiment})", file=sys.stderr, flush=True)
 
 
+def run_reference(trainer: Any) -> dict[str, str]:
+    """Where the trainer's run is recorded, kept in its checkpoints so that a resume continues it: the
+    run directory and the first MLflow run (id and tracking URI), as far as the run has them."""
+    out = {}
+    for callback in trainer.callbacks:
+        if isinstance(callback, TrackedConfig) and callback.run_dir is not None:
+            out["dir"] = os.path.abspath(callback.run_dir)
+    if trainer.is_global_zero:  # the loggers of the other ranks hold no run
+        for logger in trainer.loggers:
+            if isinstance(logger, MLFlowLogger) and logger.run_id:
+                out.update(mlflow_run_id=logger.run_id, mlflow_tracking_uri=logger.experiment.tracking_uri)
+                break
+    return out
+
+
 CONFIG_SECTIONS = (("model.actor.", "actor."), ("model.critic.", "critic."), ("model.model.", "model."),
-                   ("model.algo", "algo"), ("data.gconfig.", "gconfig."), ("seed_everything", "seed"))
+                   ("model.algo", "algo"), ("data.gconfig.", "gconfig."), ("data.eval.", "eval."),
+                   ("seed_everything", "seed"))
 """LightningCLI key prefix -> the name the user types (``python -m lit_ppo fit actor.eps_clip=...``)."""
 MAX_PARAM_CHARS = 500
 """Longer values (a callback list, a chat template) are cut: an MLflow param is for comparing runs."""
@@ -312,6 +372,10 @@ def config_params(tree: dict) -> dict[str, str]:
 
     walk("", tree)
     return flat
+
+
+CONFIG_STATE_KEY = "lit_ppo_config"
+"""Key of the run's resolved config (YAML text) in TrackedConfig's checkpoint state."""
 
 
 class TrackedConfig(SaveConfigCallback):
@@ -338,11 +402,19 @@ class TrackedConfig(SaveConfigCallback):
         super().setup(trainer, pl_module, stage)
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
+        # A continued run keeps the config it started with; a resume's own goes beside it.
         text = self.parser.dump(self.config, skip_none=False)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(text)
+        name = "config.yaml"
+        if (self.run_dir / name).exists():
+            name = f"config-resumed-{time.strftime('%Y%m%d-%H%M%S')}.yaml"
+        (self.run_dir / name).write_text(text)
         for logger in trainer.loggers:
             run_id = getattr(logger, "run_id", None)
             if run_id and hasattr(logger.experiment, "log_text"):
-                logger.experiment.log_text(run_id, text, "config.yaml")
+                logger.experiment.log_text(run_id, text, name)
                 logger.log_hyperparams(config_params(self.config.clone().as_dict()))
+
+    def state_dict(self) -> dict[str, str]:
+        # Checkpoints carry the config that made them: ``validate --ckpt_path`` needs nothing else.
+        return {CONFIG_STATE_KEY: self.parser.dump(self.config, skip_none=False)}

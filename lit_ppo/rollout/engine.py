@@ -23,7 +23,7 @@ class SamplingParams:
     max_new_tokens: int = 64
     """Generation budget; a completion that reaches it without a stop token is truncated."""
     temperature: float = 1.0
-    """Logit temperature (> 0)."""
+    """Logit temperature (> 0), or 0 for greedy decoding (evaluation)."""
     top_k: int = 0
     """Keep the k most likely tokens; 0 keeps all."""
     top_p: float = 1.0

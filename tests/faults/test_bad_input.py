@@ -80,7 +80,7 @@ def test_real_process_exit_code_and_no_traceback(tmp_path):
 
 def test_validate_is_used_by_run(monkeypatch):
     calls = []
-    monkeypatch.setattr(cli_module, "validate", lambda tree: calls.append(tree) or (_ for _ in ()).throw(
+    monkeypatch.setattr(cli_module, "validate", lambda tree, subcommand: calls.append(tree) or (_ for _ in ()).throw(
         cli_module.ConfigError("stop")))
     assert cli_module.run(["fit", "algo=grpo"]) == 2
     assert calls and calls[0]["model"]["algo"] == "grpo"

@@ -372,8 +372,14 @@ def test_cli_refuses_before_a_model_loads_and_resumes_a_good_checkpoint(good, tr
         assert run(["fit", "--config", str(config), f"--ckpt_path={truncated}"]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"error: --ckpt_path {truncated}: cannot be loaded") and "\n" not in err
-    out = tmp_path / "resumed"
-    assert run(["fit", *ARGS, "trainer.max_steps=2", f"trainer.default_root_dir={out}", "--ckpt_path", str(good)]) == 0
+    # A run of its own to resume: the resume continues the checkpoint's run directory (good's stays as it is).
+    out = tmp_path / "runs"
+    assert run(["fit", *ARGS, "trainer.max_steps=1", f"trainer.default_root_dir={out}"]) == 0
+    (first,) = out.rglob("last.ckpt")
+    assert run(["fit", *ARGS, "trainer.max_steps=2", f"trainer.default_root_dir={tmp_path / 'elsewhere'}",
+                "--ckpt_path", str(first)]) == 0
     (last,) = out.rglob("last.ckpt")
+    assert last == first and not (tmp_path / "elsewhere").exists()
     resumed = load(last)
     assert resumed["global_step"] == 2 and resumed["policy_version"] == 2
+    assert resumed[RECORD_KEY]["run"] == {"dir": str(first.parents[1].resolve())}  # logger=none: no MLflow run

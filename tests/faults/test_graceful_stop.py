@@ -85,11 +85,13 @@ def assert_same_state(a: dict, b: dict) -> None:
     assert a["RolloutDataModule"] == b["RolloutDataModule"]  # the prompt stream position
 
 
-def resume_to_the_end(work: Path, cache: Path, ckpt: Path) -> dict:
-    """Resume from ``ckpt`` in a new process until max_steps; the final last.ckpt."""
-    code, err = finish(start(work, cache, "logger=none", "--ckpt_path", str(ckpt)))
+def resume_to_the_end(work: Path, cache: Path, ckpt: Path, logger: str = "none", env: dict | None = None) -> dict:
+    """Resume from ``ckpt`` in a new process until max_steps; the final last.ckpt, which is ``ckpt``:
+    the resumed run continues the checkpoint's run directory."""
+    code, err = finish(start(work, cache, f"logger={logger}", "--ckpt_path", str(ckpt), env=env))
     assert code == 0, err[-3000:]
-    return load(sorted(work.glob("runs/*/*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)[-1])
+    assert list(work.glob("runs/*/*/checkpoints/last.ckpt")) == [ckpt]
+    return load(ckpt)
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +130,12 @@ def test_sigterm_finishes_the_iteration_marks_the_run_killed_and_resumes_exactly
     runs = client.search_runs([client.get_experiment_by_name("faults").experiment_id])
     assert [r.info.status for r in runs] == ["KILLED"]
 
-    assert_same_state(resume_to_the_end(work, cache, ckpt), reference)
+    assert_same_state(resume_to_the_end(work, cache, ckpt, "mlflow", env), reference)
+    # The resume continued the killed run to its end.
+    again = client.search_runs([client.get_experiment_by_name("faults").experiment_id])
+    assert [(r.info.run_id, r.info.status) for r in again] == [(runs[0].info.run_id, "FINISHED")]
+    history = client.get_metric_history(runs[0].info.run_id, "rollout/reward_mean")
+    assert sorted(m.step for m in history) == list(range(STEPS))
 
 
 @pytest.mark.slow

@@ -190,7 +190,7 @@ def fit(tmp_path, model_cache: str, max_steps: int, **data_kwargs):
     recorder = Recorder()
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=max_steps, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path,
-                        callbacks=[recorder])
+                        callbacks=[recorder], limit_val_batches=0)  # counts the rewards of training alone
     trainer.fit(module, datamodule=data)
     return trainer, module, data, recorder
 

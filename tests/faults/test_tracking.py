@@ -12,12 +12,15 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from lit_ppo.cli import compose
-from lit_ppo.tracking import create_run_dir, prepare_store, run_name
+from lit_ppo.checkpoints import RECORD_KEY, RUN_KEY
+from lit_ppo.mlflow_store import prepare_store
+from lit_ppo.tracking import _continued_run, create_run_dir, run_name
 from tests.integration.conftest import REPO, run_cli
 
 # One RL iteration of the tiny model on the smallest batch: the cost is start-up, not training.
@@ -204,3 +207,51 @@ def test_store_creation_is_serialised(tmp_path):
     assert outcomes == ["ok", "ok"]
     with sqlite3.connect(tmp_path / "mlflow.db") as con:
         assert con.execute("SELECT count(*) FROM experiments WHERE name = 'lit_ppo'").fetchone() == (1,)
+
+
+def resumed_config(tmp_path: Path, run: dict, uri: str) -> SimpleNamespace:
+    """A parsed ``fit`` config resuming from a checkpoint that records ``run``, tracked in ``uri``."""
+    import torch
+
+    ckpt = tmp_path / "last.ckpt"
+    torch.save({RECORD_KEY: {"algo": "grpo", RUN_KEY: run}}, ckpt)
+    logger = {"class_path": "lit_ppo.tracking.MLflowRunLogger",
+              "init_args": {"tracking_uri": uri, "experiment_name": "lit_ppo", "run_id": None}}
+    return SimpleNamespace(ckpt_path=str(ckpt), trainer=SimpleNamespace(logger=logger))
+
+
+def test_a_resume_continues_the_recorded_run_only_where_it_still_is(tmp_path, capsys):
+    """The recorded MLflow run becomes the logger's run; a deleted run, a run of another experiment, a
+    run directory that is gone or a checkpoint that records none starts a new run, saying why."""
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    prepare_store(uri, "test", "lit_ppo")
+    client = mlflow.MlflowClient(uri)
+    run_id = client.create_run(client.get_experiment_by_name("lit_ppo").experiment_id).info.run_id
+    run_dir = tmp_path / "runs" / "lit_ppo" / "grpo-arithmetic-tiny-20261201-101500"
+    run_dir.mkdir(parents=True)
+    recorded = {"dir": str(run_dir), "mlflow_run_id": run_id, "mlflow_tracking_uri": uri}
+    capsys.readouterr()  # MLflow's notes on creating the store
+
+    config = resumed_config(tmp_path, recorded, uri)
+    assert _continued_run(config) == run_dir and config.trainer.logger["init_args"]["run_id"] == run_id
+    assert capsys.readouterr().err == ""
+
+    ckpt = tmp_path / "last.ckpt"
+    gone = resumed_config(tmp_path, {**recorded, "dir": str(tmp_path / "gone")}, uri)
+    assert _continued_run(gone) is None and gone.trainer.logger["init_args"]["run_id"] is None
+    assert capsys.readouterr().err == (f"note: --ckpt_path {ckpt}: its run directory {tmp_path / 'gone'} is gone: "
+                                       "starting a new run\n")
+    assert _continued_run(resumed_config(tmp_path, {}, uri)) is None
+    assert capsys.readouterr().err == f"note: --ckpt_path {ckpt}: it records no run directory: starting a new run\n"
+
+    other = client.create_experiment("other")
+    elsewhere = client.create_run(other).info.run_id
+    assert _continued_run(resumed_config(tmp_path, {**recorded, "mlflow_run_id": elsewhere}, uri)) is None
+    assert capsys.readouterr().err == (f"note: --ckpt_path {ckpt}: its MLflow run {elsewhere} is in experiment "
+                                       "other, not lit_ppo: starting a new run\n")
+    client.delete_run(run_id)
+    assert _continued_run(resumed_config(tmp_path, recorded, uri)) is None
+    assert capsys.readouterr().err == (f"note: --ckpt_path {ckpt}: its MLflow run {run_id} (of {uri}) is not in "
+                                       f"{uri}: starting a new run\n")

@@ -6,12 +6,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 # Small enough for seconds per iteration on 2 cores, large enough to exercise groups and minibatches.
-FAST = ["logger=none", "trainer.max_steps=2", "data.batch_size=4", "gconfig.n_samples=4"]
+FAST = ["logger=none", "trainer.max_steps=2", "data.batch_size=4", "gconfig.n_samples=4", "eval.max_problems=4"]
 
 
 def run_cli(args: list[str], cwd: Path, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -33,3 +34,15 @@ def cli(tmp_path):
 
     call.cwd = tmp_path
     return call
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory):
+    """The README's demo, ``python -m lit_ppo fit algo=grpo`` (100 iterations of the default task),
+    tracked in a sqlite MLflow store: the one trained tiny run that tests read instead of training
+    their own. Attributes: cwd, dir (the run directory), env (MLflow settings), stdout, stderr."""
+    cwd = tmp_path_factory.mktemp("demo")
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db"}
+    result = run_cli(["fit", "algo=grpo"], cwd, timeout=900, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return SimpleNamespace(cwd=cwd, dir=run_dir(cwd), env=env, stdout=result.stdout, stderr=result.stderr)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
+import subprocess
+import sys
 import textwrap
 
 import pytest
 
-from tests.integration.conftest import run_cli
+from tests.integration.conftest import REPO, run_cli, run_dir
 
 SHRINK = ["trainer.max_steps=1", "data.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=8", "logger=none"]
 
@@ -100,3 +104,48 @@ def test_user_modules_import_on_every_ddp_rank(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     calls = [json.loads(line) for line in (tmp_path / "reward_calls.jsonl").read_text().splitlines()]
     assert {c["rank"] for c in calls} == {"0", "1"}
+
+
+def readme_worked_example() -> tuple[dict[str, str], list[str]]:
+    """The files (name -> text) and the commands of the README's "Bring your own" example."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Bring your own", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(\w*)\n(.*?)```", section, re.S)
+    files = {}
+    for _, text in blocks:
+        name = re.match(r"# (\S+\.py)", text)
+        if name:
+            files[name.group(1)] = text
+    (commands,) = [text for lang, text in blocks if not lang and text.startswith("python ")]
+    return files, commands.strip().splitlines()
+
+
+def test_the_readme_worked_example_runs_as_written(tmp_path):
+    files, commands = readme_worked_example()
+    assert set(files) == {"make_data.py", "my_rewards.py"} and len(commands) == 4
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert commands[0] == "python make_data.py"
+    subprocess.run([sys.executable, "make_data.py"], cwd=tmp_path, check=True)
+    assert len((tmp_path / "train.jsonl").read_text().splitlines()) == 500
+    assert len((tmp_path / "test.jsonl").read_text().splitlines()) == 100
+    fit = shlex.split(commands[1])[3:]
+    assert fit[0] == "fit" and "trainer.max_steps=60" in fit
+    # As written, at the smallest scale: two iterations of two prompts x two samples, four test problems.
+    fit = [a for a in fit if a != "trainer.max_steps=60"] + [
+        "trainer.max_steps=2", "data.batch_size=2", "gconfig.n_samples=2", "eval.max_problems=4"]
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+    result = run_cli(fit, tmp_path, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"^eval at iteration 2: accuracy [0-9.]+ reward_mean", result.stdout, re.M), result.stdout
+    made = run_dir(tmp_path)
+    assert made.name.startswith("grpo-dataset-tiny-")
+    assert {p.name for p in (made / "model").iterdir()} == {
+        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+        "chat_template.jinja"}
+    for command in commands[2:]:
+        args = shlex.split(command.replace("runs/lit_ppo/<run>", str(made)))[3:]
+        result = run_cli(args, tmp_path, timeout=300, env=env)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"eval/accuracy\W+[0-9]", result.stdout) is None  # the last one is export
+    assert (tmp_path / "my-policy" / "model.safetensors").is_file()

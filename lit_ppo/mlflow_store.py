@@ -1,0 +1,100 @@
+"""The MLflow store: where runs are tracked, and whether it answers, before anything else starts.
+
+Light on purpose (no Lightning import): ``compare`` reads the store through it in a couple of
+seconds. mlflow itself is imported only where a store is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+from lit_ppo.cli_errors import ConfigError
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+DEFAULT_EXPERIMENT = "lit_ppo"
+# MLflow's own client retries an unreachable server for minutes; the probe answers in seconds.
+PROBE_TIMEOUT_S = 10.0
+# Creating or migrating a fresh sqlite store takes seconds; a lock held this long is a stuck process.
+STORE_LOCK_TIMEOUT_S = 120.0
+
+
+class TrackingError(ConfigError):
+    """The tracking store cannot be used; reported as one line (exit code 2) before any model loads."""
+
+
+def resolve_tracking_uri(configured: str | None) -> str:
+    return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+def resolve_experiment(configured: str | None) -> str:
+    return configured or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
+
+
+def first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def sqlite_file(uri: str) -> str | None:
+    """The database file of a ``sqlite:///relative`` or ``sqlite:////absolute`` URI (None in memory)."""
+    rest = uri[len("sqlite://"):].split("?", 1)[0]
+    return rest[1:] if rest.startswith("/") and rest[1:] not in ("", ":memory:") else None
+
+
+def probe_server(uri: str, source: str) -> None:
+    """Fail at once when nothing answers at ``uri``; any HTTP answer (an error status included) counts."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=PROBE_TIMEOUT_S).close()
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise TrackingError(f"MLflow tracking server {uri} is unreachable ({source}): {reason}") from None
+
+
+def _ensure_experiment(uri: str, experiment: str, artifact_location: str | None) -> None:
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)  # builds the store: creates or migrates a fresh database
+    found = client.get_experiment_by_name(experiment)
+    if found is not None and found.lifecycle_stage == "deleted":
+        raise TrackingError(f"MLflow experiment {experiment!r} is deleted in {uri}: restore it (mlflow experiments "
+                            "restore) or choose another name (MLFLOW_EXPERIMENT_NAME)")
+    if found is None:
+        try:
+            client.create_experiment(experiment, artifact_location=artifact_location)
+        except MlflowException as e:  # another run created it since
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+
+
+def prepare_store(uri: str, source: str, experiment: str, artifact_location: str | None = None) -> None:
+    """Make ``uri`` ready for a run of ``experiment`` before any model loads: a server must answer;
+    a sqlite database is created, migrated and given the experiment under ``<db>.lock``, because
+    MLflow's schema migrations race when two runs open one fresh database at once. ``source`` names
+    where ``uri`` came from, for the error message."""
+    scheme = uri.split(":", 1)[0].lower()
+    lock: Any = contextlib.nullcontext()
+    if scheme in ("http", "https"):
+        probe_server(uri, source)
+    elif scheme == "sqlite":
+        database = sqlite_file(uri)
+        if database:
+            from filelock import FileLock
+
+            lock = FileLock(database + ".lock", timeout=STORE_LOCK_TIMEOUT_S)
+    else:
+        return  # other stores (databricks, ...) are MLflow's business
+    try:
+        with lock:
+            _ensure_experiment(uri, experiment, artifact_location)
+    except TrackingError:
+        raise
+    except Exception as e:  # whatever the store says, as one line
+        raise TrackingError(f"MLflow tracking store {uri} ({source}) cannot be used: {first_line(e)}") from None

@@ -1,0 +1,222 @@
+"""Sweep: every combination of a Hydra multirun grid as its own ``fit``, then the compare table.
+
+``python -m lit_ppo sweep algo=grpo,drgrpo,rloo seed=0,1 [overrides] [--experiment NAME] [--metric M]
+[--output PNG]`` expands the grid as Hydra's BasicSweeper does (``a,b``, ``range(...)``,
+``choice(...)``, ``glob(...)`` over a config group; the last swept key varies fastest), checks every
+combination's config as ``fit`` does before anything runs, then runs the combinations one after
+another, each as its own ``python -m lit_ppo fit`` process, all tracked to one MLflow experiment
+(default ``sweep-<YYYYmmdd-HHMMSS>``, handed to each fit as ``MLFLOW_EXPERIMENT_NAME``). It ends
+with the compare table and figure (default ``<experiment>.png``) of exactly the runs it started.
+
+A failed fit does not stop the others; the sweep then exits 1 naming the failed combinations.
+SIGINT / SIGTERM is forwarded to the running fit, which finishes its iteration, saves
+``last.ckpt`` and exits; no further fit starts and the sweep exits with 128 + the signal number.
+Each fit has its own process group, so a Ctrl-C in the terminal reaches it once, through the
+sweep: a second signal would make it abandon its iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import warnings
+from dataclasses import dataclass
+
+from lit_ppo.cli_errors import ConfigError, explain_hydra_error, split_arguments
+from lit_ppo.compare import REWARD, check_output, compare
+from lit_ppo.tracking import _component, _mlflow_loggers, run_name
+
+USAGE = ("usage: python -m lit_ppo sweep key=a,b [key=range(0,3) ...] [key=value ...] [--experiment NAME] "
+         "[--metric M] [--output PNG]")
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+RUN_ID_LINE = re.compile(r"^mlflow run id: (\S+) \((.*), experiment .*\)$")
+"""What a fit prints on stderr once its MLflow run exists (lit_ppo.tracking.start_mlflow_runs)."""
+
+
+@dataclass
+class Combination:
+    """One point of the grid: the overrides of its fit and the swept values that tell it apart."""
+
+    overrides: list[str]
+    swept: dict[str, str]
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{key}={value}" for key, value in self.swept.items())
+
+
+def expand(overrides: list[str]) -> list[Combination]:
+    """The grid of ``overrides`` (Hydra override syntax) in BasicSweeper's order; ConfigError naming
+    the override that does not parse, sweeps nothing, or sweeps a range a grid cannot (``interval``)."""
+    from hydra import initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    from lit_ppo.cli import conf_dir, group_options
+
+    # The config loader lets glob(...) list a config group's options, as in a Hydra multirun.
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+        parsed = []
+        for text in overrides:
+            try:
+                (override,) = parser.parse_overrides([text])
+            except HydraException as e:
+                message = explain_hydra_error(e, group_options)
+                raise ConfigError(message if text in message else f"override {text!r} does not parse: {message}") \
+                    from None
+            if override.is_sweep_override():
+                if not override.is_discrete_sweep():
+                    raise ConfigError(f"override {text!r}: a grid sweeps a,b / range(...) / choice(...) / glob(...), "
+                                      f"not {override.value_type.name.lower().replace('_', ' ')}")
+                if not list(override.sweep_string_iterator()):
+                    raise ConfigError(f"override {text!r} sweeps no values (glob(...) lists a config group's "
+                                      f"options: {', '.join(sorted(p.name for p in conf_dir().iterdir() if p.is_dir()))})")
+            parsed.append(override)
+        (grid,) = BasicSweeper.split_arguments(parsed, max_batch_size=None)
+    swept = [o.get_key_element() for o in parsed if o.is_sweep_override()]
+    combinations = []
+    for items in grid:
+        values = dict(item.split("=", 1) for item in items)
+        combinations.append(Combination(items, {key: values[key] for key in dict.fromkeys(swept)}))
+    return combinations
+
+
+def check(combinations: list[Combination]) -> None:
+    """Compose and validate every combination as ``fit`` does (no model is loaded), so that a bad
+    value in the grid fails before the first fit spends its time."""
+    from lit_ppo.cli import compose, validate
+
+    for i, combination in enumerate(combinations, 1):
+        where = f"[{i}/{len(combinations)}] {combination.label or 'fit'}"
+        try:
+            with warnings.catch_warnings():  # each fit prints its own warnings
+                warnings.simplefilter("ignore")
+                tree = compose(combination.overrides)
+                validate(tree)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        if not _mlflow_loggers(tree["trainer"].get("logger")):
+            raise ConfigError(f"{where}: the logger tracks no MLflow run and a sweep compares MLflow runs: "
+                              f"leave logger=mlflow (the default)")
+
+
+class ForwardSignals:
+    """While active, SIGINT / SIGTERM are recorded and forwarded to the running fit, not acted on."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.child: subprocess.Popen | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> ForwardSignals:
+        self._previous = {signum: signal.signal(signum, self._handle) for signum in SIGNALS}
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame) -> None:
+        self.received = self.received or signum
+        self.forward(signum)
+
+    def forward(self, signum: int) -> None:
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+
+def run_fit(overrides: list[str], env: dict[str, str], signals: ForwardSignals) -> tuple[int, str | None, str | None]:
+    """Run one ``python -m lit_ppo fit`` to its end, its stderr passed through; (exit code, MLflow
+    run id, tracking URI), the last two as the fit printed them (None if it stopped before)."""
+    child = subprocess.Popen([sys.executable, "-m", "lit_ppo", "fit", *overrides], env=env, stderr=subprocess.PIPE,
+                             text=True, bufsize=1, process_group=0)
+    signals.child = child
+    if signals.received is not None:  # arrived while the fit was starting
+        signals.forward(signals.received)
+    run_id = uri = None
+    for line in child.stderr:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        found = RUN_ID_LINE.match(line.rstrip("\n"))
+        if found:
+            run_id, uri = found.groups()
+    code = child.wait()
+    signals.child = None
+    return code, run_id, uri
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise ConfigError(f"{message} ({USAGE.removeprefix('usage: ')})")
+
+
+def sweep(args: list[str]) -> int:
+    """Parse, expand and check the grid, run every fit, print the comparison; the exit code."""
+    overrides, flags = split_arguments(args)
+    parser = _Parser(prog="python -m lit_ppo sweep", add_help=False, allow_abbrev=False)
+    parser.add_argument("--experiment")
+    parser.add_argument("--metric", default=REWARD)
+    parser.add_argument("--output")
+    options = parser.parse_args(flags)
+    if not overrides:
+        raise ConfigError(f"nothing to sweep: give key=a,b overrides ({USAGE.removeprefix('usage: ')})")
+    experiment = options.experiment or run_name("sweep")
+    output = options.output or f"{_component(experiment)}.png"
+    check_output(output)
+    combinations = expand(overrides)
+    check(combinations)
+    total = len(combinations)
+    print(f"sweep: {total} fits into MLflow experiment {experiment}", flush=True)
+    env = {**os.environ, "MLFLOW_EXPERIMENT_NAME": experiment}
+    started: dict[str, dict[str, str]] = {}  # MLflow run id -> swept values
+    uri = None
+    failed = []
+    attempted = 0
+    with ForwardSignals() as signals:
+        for i, combination in enumerate(combinations, 1):
+            if signals.received is not None:
+                break
+            attempted = i
+            where = f"[{i}/{total}] fit {combination.label}".rstrip()
+            print(where, flush=True)
+            code, run_id, run_uri = run_fit(combination.overrides, env, signals)
+            if run_id:  # algo has its own column in the table
+                started[run_id] = {key: value for key, value in combination.swept.items() if key != "algo"}
+                uri = uri or run_uri
+            if code != 0 and signals.received is None:
+                failed.append(f"{where.replace(' fit ', ' ', 1)} (exit {code})")
+    if started:
+        try:
+            compare(list(started), metric=options.metric, output=output, uri=uri, extra=started)
+        except ConfigError as e:
+            print(f"error: {e} (the runs are in experiment {experiment}: python -m lit_ppo compare --experiment "
+                  f"{experiment})", file=sys.stderr)
+            if signals.received is None and not failed:
+                return 2
+    if signals.received is not None:
+        print(f"sweep stopped by {signal.Signals(signals.received).name} after {attempted} of {total} fits",
+              file=sys.stderr)
+        return 128 + signals.received
+    if failed:
+        print(f"error: {len(failed)} of {total} fits failed: {'; '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """``sweep`` subcommand; returns the exit code (2 for bad input, with a one-line message)."""
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.split("\n\n", 1)[0] + "\n\n" + USAGE)
+        return 0
+    try:
+        return sweep(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
