@@ -1,9 +1,11 @@
-"""End every run with ``last.ckpt`` holding its last completed iteration, also on SIGTERM / SIGINT.
+"""End every run with ``last.ckpt`` holding its last completed iteration, also on SIGTERM / SIGINT / SIGUSR1.
 
 A scheduler's preemption (Slurm, Kubernetes, ``docker stop``) sends SIGTERM and waits a grace period
 before SIGKILL; Ctrl-C sends SIGINT. The first signal lets the current iteration finish (update and
 weight push), then training stops, ``last.ckpt`` is written and the CLI exits with 128 + the signal
-number (143, 130) and marks the MLflow run KILLED. A second signal while the iteration is still
+number (143, 130) and marks the MLflow run KILLED. SIGUSR1, Slurm's warning before a job's time limit
+(``--signal=USR1@90``, see lit_ppo.schedulers.slurm), stops the same way with 138, on which the batch
+script requeues the job. A second signal while the iteration is still
 generating abandons it at once; ``last.ckpt`` then holds the iteration before it, with the prompt
 stream where that iteration left it, so a resume replays exactly. A second signal during the update
 waits for the update (seconds), so that half-updated weights are never saved.
@@ -18,7 +20,7 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 _received: list[int] = []  # signals are per process, and so is the record of one
 
 
@@ -38,7 +40,7 @@ def mark_runs_killed(trainer: L.Trainer) -> None:
 
 
 class GracefulStop(L.Callback):
-    """Stops at an iteration boundary on SIGTERM / SIGINT and writes ``last.ckpt`` when training ends.
+    """Stops at an iteration boundary on SIGTERM / SIGINT / SIGUSR1 and writes ``last.ckpt`` when training ends.
 
     Lightning's ModelCheckpoint writes ``last.ckpt`` only beside its periodic checkpoints, so a run
     that ends between two of them (at ``max_steps`` or on a signal) would leave a stale one; this

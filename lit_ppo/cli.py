@@ -32,6 +32,7 @@ from lit_ppo.errors import RunStopped
 from lit_ppo.models import MODEL_SOURCES, model_dir_problem
 from lit_ppo.module import LitPPO, ModelConfig
 from lit_ppo.rollout.workflows import task_name
+from lit_ppo.schedulers import scheduler_config, slurm
 from lit_ppo.tracking import RUN_DIR_ENV, TrackedConfig, start, start_mlflow_runs
 
 
@@ -48,7 +49,6 @@ HYDRA_TO_LIGHTNING = {
     "logger": ("trainer", "logger"),
     "seed": ("seed_everything",),
 }
-SCHEDULERS = ("local",)
 EVALUATING = ("validate", "test")
 """Subcommands that score the test split of a trained (or the untrained) model (lit_ppo.evaluation)."""
 
@@ -89,6 +89,7 @@ def _known_keys() -> dict[str, list[str]]:
             "eval": [f.name for f in fields(EvalConfig)],
             "data": list(inspect.signature(RolloutDataModule.__init__).parameters)[1:],
             "rollout": ["engine", "engine_kwargs", "max_logp_gap"],
+            "scheduler": [f.name for f in fields(slurm.SlurmConfig)],
             "trainer": list(inspect.signature(__import__("lightning").Trainer.__init__).parameters)[1:]}
 
 
@@ -154,6 +155,11 @@ def _model_dir_overrides(overrides: list[str]) -> list[str]:
 
 def compose(overrides: list[str]) -> dict:
     """The Hydra-composed config for ``overrides``, resolved, as LightningCLI's tree."""
+    return compose_run(overrides)[0]
+
+
+def compose_run(overrides: list[str]) -> tuple[dict, slurm.SlurmConfig | None]:
+    """``compose``'s tree and the checked ``scheduler`` section: None to run here, else the batch job's."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
@@ -170,13 +176,11 @@ def compose(overrides: list[str]) -> dict:
         tree = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(_explain_hydra_error(e, overrides)) from None
-    return to_lightning_tree(tree)
+    scheduler = scheduler_config(tree.pop("scheduler", None))
+    return to_lightning_tree(tree), scheduler
 
 
 def to_lightning_tree(hydra_tree: dict) -> dict:
-    scheduler = hydra_tree.pop("scheduler", "local")
-    if scheduler not in SCHEDULERS:
-        raise ConfigError(f"scheduler={scheduler} is invalid: must be one of {', '.join(SCHEDULERS)}")
     rollout = hydra_tree.pop("rollout", {}) or {}
     out: dict[str, Any] = {"model": {}, "data": {}, "trainer": {}}
     for key, value in hydra_tree.items():
@@ -397,10 +401,17 @@ def run(argv: list[str]) -> int:
         else:
             ckpt_path = flag_value(flags, "--ckpt_path") if subcommand in EVALUATING else None
             tree = evaluation_tree(subcommand, ckpt_path, overrides) if ckpt_path else None
+            scheduler = None
             if tree is None:
-                tree = compose(overrides)
+                tree, scheduler = compose_run(overrides)
             validate(tree, subcommand)
             check_resume_args(flags, tree, error=ConfigError)
+            if scheduler is not None:
+                if subcommand != "fit":
+                    raise ConfigError(f"scheduler=slurm submits fit only: run {subcommand} here (scheduler=local)")
+                if not any(flag.split("=", 1)[0] == "--print_config" for flag in flags):
+                    return slurm.submit(scheduler, overrides, flags, tree)
+                tree["trainer"].update(slurm.job_trainer(scheduler, tree["trainer"]))  # the job's config
             handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="lit_ppo_", delete=False)
             with handle:
                 yaml.safe_dump(tree, handle, sort_keys=False)

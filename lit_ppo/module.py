@@ -300,7 +300,12 @@ class LitPPO(L.LightningModule):
         start = time.perf_counter()
         metrics = dict(batch.metrics)
         self.last_batch = batch
-        if batch.num_rows == 0:  # dynamic batch size: every group was filtered out
+        fewest, most = -self._world_max(-batch.num_rows), self._world_max(batch.num_rows)
+        if fewest == 0:  # dynamic batch size: every group of some rank was filtered out
+            if most > 0:
+                # A rank without samples cannot take part in the others' update: all ranks skip it.
+                rank_zero_warn(f"iteration skipped at policy version {self.version}: the dynamic filter accepted "
+                               f"no group on some rank (data.dynamic_bs under DDP updates when every rank has one)")
             self._log_iteration(metrics, start, n_tokens=0)
             return
         batch = self.last_batch = batch.to(self.device)
@@ -401,6 +406,13 @@ class LitPPO(L.LightningModule):
             return float(t)
         return float(value)
 
+    def _world_max(self, value: int) -> int:
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            t = torch.tensor(int(value), device=self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            return int(t)
+        return int(value)
+
     def _step(self, optimizer_index: int, params, clip: float | None, last: bool,
               loss_finite: bool) -> tuple[float, bool]:
         """Clip and apply the gradients; returns their norm before clipping and whether the update was
@@ -485,7 +497,9 @@ class LitPPO(L.LightningModule):
         world = self.trainer.world_size
         lengths = batch.attention_mask.sum(1).tolist()
         tokens = batch.loss_mask.sum(1)
-        minibatches = balanced_partition(tokens.tolist(), min(n_minibatches, batch.num_rows))
+        # Every rank takes the same number of steps, also one holding fewer rows than minibatches
+        # (its surplus minibatches are empty and join each step's collectives at weight 0).
+        minibatches = balanced_partition(tokens.tolist(), self._world_max(min(n_minibatches, batch.num_rows)))
         skips = 0
         for i, rows in enumerate(minibatches):
             n_tokens = self._world_sum(int(tokens[rows].sum()))
@@ -493,7 +507,7 @@ class LitPPO(L.LightningModule):
             step_sums = _MetricSum()  # kept only if the step is applied: metrics describe updates made
             loss_sum = torch.zeros((), device=self.device)
             for mb_rows in self._equalised_micro_batches(rows, lengths, max_tokens):
-                picked = mb_rows or rows[:1]  # an empty (padding) micro-batch reruns one row at weight 0
+                picked = mb_rows or rows[:1] or [0]  # an empty (padding) micro-batch reruns one row at weight 0
                 loss, stats = micro_loss(batch.select(picked), torch.as_tensor(picked, device=self.device),
                                          n_tokens, n_seqs, i)
                 if not mb_rows:
@@ -524,11 +538,7 @@ class LitPPO(L.LightningModule):
     def _equalised_micro_batches(self, rows: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
         """Micro-batches of ``rows``, padded with empty ones up to the largest count over ranks."""
         mbs = micro_batches(rows, lengths, max_tokens)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            count = torch.tensor(len(mbs), device=self.device)
-            dist.all_reduce(count, op=dist.ReduceOp.MAX)
-            mbs += [[] for _ in range(int(count) - len(mbs))]
-        return mbs
+        return mbs + [[] for _ in range(self._world_max(len(mbs)) - len(mbs))]
 
     # ------------------------------------------------------------------ evaluation (lit_ppo.evaluation)
     def on_validation_epoch_start(self) -> None:

@@ -5,7 +5,8 @@ Every ``fit`` gets ``<trainer.default_root_dir>/<experiment>/<run name>/``, e.g.
 ``checkpoints/`` with or without MLflow; the MLflow run has the same name. The directory is created
 with an exclusive ``mkdir`` (``-2``, ``-3``, ... on a collision), so concurrent runs never share one.
 Rank 0 chooses it before Lightning starts the other ranks, which inherit it through
-``LIT_PPO_RUN_DIR``; ranks started by an external launcher receive it by broadcast at setup.
+``LIT_PPO_RUN_DIR``; ranks started by an external launcher receive it by broadcast at setup. A Slurm
+job's directory is chosen when it is submitted (``LIT_PPO_JOB_RUN_DIR``, lit_ppo.schedulers.slurm).
 
 Resuming (``--ckpt_path``) continues the run the checkpoint records (``run_reference``, stored in its
 ``lit_ppo`` record): the same directory, whose ``config.yaml`` stays the config the run started with
@@ -43,6 +44,9 @@ from lit_ppo.mlflow_store import (TrackingError, first_line, prepare_store, reso
                                   resolve_tracking_uri)
 
 RUN_DIR_ENV = "LIT_PPO_RUN_DIR"
+JOB_RUN_DIR_ENV = "LIT_PPO_JOB_RUN_DIR"
+"""A batch job's run directory, fixed when the job was submitted (lit_ppo.schedulers.slurm): rank 0 of
+every start of the job takes it instead of creating one."""
 # Environment variables through which launchers tell a process its rank (Lightning's DDP launcher:
 # LOCAL_RANK; torchrun: RANK, GROUP_RANK; SLURM: SLURM_PROCID; other nodes: NODE_RANK; LSF).
 RANK_ENV = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
@@ -215,8 +219,9 @@ def _check_tensorboard(logger_config: Any) -> None:
 
 def _what_ran(config: Any) -> dict[str, str]:
     """algo, task and model of the parsed ``fit`` config, task and model shortened as in run names."""
-    weights = _get(config.model.model, "source") or "tiny"
-    return {"algo": str(config.model.algo), "task": _short(config.data.task), "model": _short(weights)}
+    model, data = _get(config, "model"), _get(config, "data")
+    weights = _get(_get(model, "model"), "source") or "tiny"
+    return {"algo": str(_get(model, "algo")), "task": _short(_get(data, "task")), "model": _short(weights)}
 
 
 def _missing_mlflow_run(uri: str | None, experiment: str, run_id: str, recorded_uri: str) -> str | None:
@@ -270,17 +275,31 @@ def _continued_run(config: Any) -> Path | None:
     return Path(run_dir)
 
 
+def _mlflow_settings(config: Any) -> list[tuple[type, dict]]:
+    """(class, init_args) of every MLflow logger of the parsed (or composed) ``fit`` config."""
+    return [(cls, _as_dict(_get(spec, "init_args")))
+            for cls, spec in _mlflow_loggers(_get(_get(config, "trainer"), "logger"))]
+
+
+def new_run_dir(config: Any) -> Path:
+    """A new ``<trainer.default_root_dir>/<experiment>/<run name>`` for the parsed (or composed) ``fit``
+    config: the first MLflow logger's experiment and run name, else ``<algo>-<task>-<model>``."""
+    loggers = _mlflow_settings(config)
+    experiment = _tracking_setting(*loggers[0])[2] if loggers else resolve_experiment(None)
+    prefixes = [init_args.get("run_name") for _, init_args in loggers if init_args.get("run_name")]
+    description = prefixes[0] if prefixes else "-".join(_short(part) for part in _what_ran(config).values())
+    return create_run_dir(_get(_get(config, "trainer"), "default_root_dir") or "runs", experiment,
+                          run_name(description))
+
+
 def start(config: Any) -> Path | None:
     """Before anything is instantiated from the parsed ``fit`` config: check that the loggers can work,
     make every MLflow store ready and, on rank 0, create the run directory (or continue the resumed
     checkpoint's), export it to the ranks Lightning will start and print it. Returns the run directory
     (None on a rank that learns it by broadcast at setup)."""
     _check_tensorboard(config.trainer.logger)
-    loggers = [(cls, _as_dict(_get(spec, "init_args"))) for cls, spec in _mlflow_loggers(config.trainer.logger)]
-    experiment = None
-    for cls, init_args in loggers:
+    for cls, init_args in _mlflow_settings(config):
         uri, source, name = _tracking_setting(cls, init_args)
-        experiment = experiment or name
         if uri:
             prepare_store(uri, source, name, init_args.get("artifact_location"))
     if not launched_as_rank_zero():
@@ -288,11 +307,8 @@ def start(config: Any) -> Path | None:
         return Path(inherited) if inherited else None
     path = _continued_run(config)
     if path is None:
-        prefixes = [init_args.get("run_name") for _, init_args in loggers if init_args.get("run_name")]
-        description = prefixes[0] if prefixes else "-".join(
-            _short(part) for part in _what_ran(config).values())
-        root = config.trainer.default_root_dir or "runs"
-        path = create_run_dir(root, experiment or resolve_experiment(None), run_name(description))
+        scheduled = os.environ.get(JOB_RUN_DIR_ENV)
+        path = Path(scheduled) if scheduled else new_run_dir(config)
     os.environ[RUN_DIR_ENV] = os.path.abspath(path)
     print(f"run directory: {path}", file=sys.stderr, flush=True)
     return path

@@ -17,8 +17,11 @@ pytestmark = pytest.mark.slow
 DDP = ["trainer=ddp", "actor.optimizer.lr=1e-2"]
 
 
-def run_ddp(cli, *args: str, fast: list[str] = FAST) -> list[dict]:
-    probe = f"[{{class_path: tests.integration.rank_probe.RankProbe, init_args: {{out_dir: '{cli.cwd / 'probe'}'}}}}]"
+def run_ddp(cli, *args: str, fast: list[str] = FAST, checkpoint: bool = False) -> list[dict]:
+    probe = f"{{class_path: tests.integration.rank_probe.RankProbe, init_args: {{out_dir: '{cli.cwd / 'probe'}'}}}}"
+    if checkpoint:
+        probe += ", {class_path: lightning.pytorch.callbacks.ModelCheckpoint, init_args: {save_last: true}}"
+    probe = f"[{probe}]"
     result = cli("fit", "algo=grpo", *fast, *DDP, *args, f"trainer.callbacks={probe}", timeout=600,
                  env={"PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -32,7 +35,7 @@ def run_ddp(cli, *args: str, fast: list[str] = FAST) -> list[dict]:
 def test_ddp_two_ranks_keep_one_policy_and_score_the_test_split_together(cli):
     # CSV metrics (rank 0 logs), and 41 test problems: rank 0 scores 21, rank 1 20.
     fast = [a for a in FAST if not a.startswith(("logger=", "eval."))] + ["logger=csv", "eval.max_problems=41"]
-    ranks = run_ddp(cli, fast=fast)
+    ranks = run_ddp(cli, fast=fast, checkpoint=True)
     # One run directory, chosen by rank 0 before rank 1 existed: both ranks checkpoint into it.
     made = run_dir(cli.cwd)
     assert [r["ckpt_dir"] for r in ranks] == [str(made / "checkpoints")] * 2
@@ -41,7 +44,7 @@ def test_ddp_two_ranks_keep_one_policy_and_score_the_test_split_together(cli):
     assert len(rows) == 1  # once, at the end
     # The sums of both ranks: the greedy scores equal one process scoring every problem of the final policy.
     alone = cli("validate", "--ckpt_path", str(made / "checkpoints" / "last.ckpt"), "trainer.devices=1",
-                "trainer.strategy=auto")
+                "trainer.strategy=auto", env={"PYTHONPATH": str(REPO)})  # the config names the probe callback
     assert alone.returncode == 0, alone.stderr[-3000:]
     printed = {k: float(v) for k, v in re.findall(r"(eval/\w+)\W+?(-?[0-9][0-9.eE+-]*)", alone.stdout)}
     for key in ("eval/problems", "eval/accuracy", "eval/reward_mean", "eval/response_length"):

@@ -1,0 +1,189 @@
+"""``scheduler=slurm``: ``python -m lit_ppo fit <overrides> scheduler=slurm scheduler.nodes=2 ...`` runs
+the fit as a Slurm batch job.
+
+The submitting command validates the config exactly as a local fit does before LightningCLI starts
+(no model loads), creates the run's directory and writes ``<run dir>/slurm/job.sbatch``; it submits
+that with ``sbatch`` and prints the job id, or, with ``scheduler.dry_run=true``, prints the script and
+stops (``sbatch`` it yourself). The script's one job step is ``srun python -m lit_ppo fit <the same
+overrides>`` with the default ``scheduler=local`` and the trainer sized to the allocation:
+``trainer.num_nodes`` = nodes, ``trainer.devices`` = tasks per node (one per GPU; on CPU one per node,
+DDP over gloo), ``trainer.strategy=ddp`` for more than one task unless a strategy is chosen.
+
+Inside the job everything is Lightning's and lit_ppo's ordinary machinery, nothing launches processes
+but srun:
+
+- Lightning detects its SLURMEnvironment from the SLURM_* variables srun sets (ranks, world size,
+  MASTER_ADDR / MASTER_PORT from the node list and job id), so it starts no processes itself; the
+  script sets ``trainer.devices`` / ``num_nodes`` from the same settings as ``--ntasks-per-node`` /
+  ``--nodes``, so the two agree.
+- The run directory is fixed at submission and reaches the job as ``LIT_PPO_JOB_RUN_DIR``: rank 0
+  (SLURM_PROCID 0) takes it (lit_ppo.tracking.start), the other ranks receive it by broadcast at setup
+  (TrackedConfig), as under any external launcher.
+- Preemption: ``--signal=USR1@90`` has Slurm send SIGUSR1 to every task 90 s before the time limit.
+  GracefulStop treats it like SIGTERM: every rank finishes the iteration, last.ckpt is written and the
+  tasks exit with 138 (128 + SIGUSR1); the script then asks ``scontrol requeue`` for another start of
+  the job (``--requeue``). A script that finds ``<run dir>/checkpoints/last.ckpt`` passes it as
+  ``--ckpt_path``: the requeued job continues the run in its directory (and MLflow run), as any resume
+  does. Lightning's own auto-requeue handler, which writes an HPC checkpoint from inside the signal
+  handler wherever each rank happens to be in the iteration, is replaced by GracefulStop's from the
+  start of training: a resume needs the state at an iteration boundary.
+- SIGTERM (``scancel``, the time limit itself) stops the run as everywhere: last.ckpt, exit 143, and
+  the job is not requeued.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lit_ppo.cli_errors import ConfigError, flag_value
+from lit_ppo.tracking import JOB_RUN_DIR_ENV, new_run_dir
+
+WARNING_S = 90
+"""Seconds before the time limit at which Slurm sends SIGUSR1: time to finish an iteration and save."""
+REQUEUE_STATUS = 128 + signal.SIGUSR1
+_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}")
+_NAME = re.compile(r"[^\s#'\"\\]+")
+
+
+@dataclass
+class SlurmConfig:
+    """The batch job's settings (``scheduler.<field>=value``)."""
+
+    nodes: int = 1
+    """Nodes to allocate (``--nodes``); ``trainer.num_nodes`` follows."""
+    gpus_per_node: int = 0
+    """GPUs per node (``--gpus-per-node``), one task each; 0 for a CPU job: one task per node, DDP over gloo."""
+    cpus_per_task: int = 4
+    """CPU cores per task (``--cpus-per-task``): for the data, the tokenizer and the rollout engine."""
+    time: str = "04:00:00"
+    """Time limit (``--time``) in Slurm's formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    partition: str | None = None
+    """Partition (``--partition``); None for the cluster's default."""
+    account: str | None = None
+    """Account charged (``--account``); None for the user's default."""
+    job_name: str | None = None
+    """Name squeue shows (``--job-name``); None for the run directory's name."""
+    extra_sbatch: list[str] = field(default_factory=list)
+    """More ``#SBATCH`` lines, each the option as written after ``#SBATCH``, e.g. ``--mem=0``, ``--exclusive``."""
+    dry_run: bool = False
+    """Write and print the script, submit nothing."""
+
+    def __post_init__(self) -> None:
+        for name, least, allowed in (("nodes", 1, "a positive integer"), ("cpus_per_task", 1, "a positive integer"),
+                                     ("gpus_per_node", 0, "an integer >= 0 (0 for a CPU job)")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"scheduler.{name}={value!r} is invalid: must be {allowed}")
+        if isinstance(self.time, int) and not isinstance(self.time, bool):
+            self.time = str(self.time)  # minutes, as Hydra parses a bare number
+        if not isinstance(self.time, str) or not _TIME.fullmatch(self.time):
+            raise ValueError(f"scheduler.time={self.time!r} is invalid: must be a Slurm time limit: minutes, "
+                             f"MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
+        for name in ("partition", "account", "job_name"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and _NAME.fullmatch(value)):
+                raise ValueError(f"scheduler.{name}={value!r} is invalid: must be a name without spaces or "
+                                 f"quotes, or null")
+        if self.job_name in ("bash", "interactive"):  # Lightning then ignores Slurm and launches ranks itself
+            raise ValueError(f"scheduler.job_name={self.job_name} is invalid: Lightning takes a job of that "
+                             f"name for an interactive shell, not a batch job")
+        if not isinstance(self.extra_sbatch, list):
+            raise ValueError(f"scheduler.extra_sbatch={self.extra_sbatch!r} is invalid: must be a list of "
+                             f"sbatch options, e.g. ['--mem=0']")
+        for line in self.extra_sbatch:
+            if not (isinstance(line, str) and line.startswith("-") and "\n" not in line):
+                raise ValueError(f"scheduler.extra_sbatch item {line!r} is invalid: must be an sbatch option "
+                                 f"such as --mem=0 (what follows #SBATCH)")
+        if not isinstance(self.dry_run, bool):
+            raise ValueError(f"scheduler.dry_run={self.dry_run!r} is invalid: must be true or false")
+
+    @property
+    def tasks_per_node(self) -> int:
+        """One task (rank) per GPU; on CPU one per node, whose cores its threads use."""
+        return self.gpus_per_node or 1
+
+
+def job_trainer(cfg: SlurmConfig, trainer: dict) -> dict:
+    """The trainer settings that size the fit to the allocation (over those of ``trainer``)."""
+    settings = {"accelerator": "gpu" if cfg.gpus_per_node else "cpu", "devices": cfg.tasks_per_node,
+                "num_nodes": cfg.nodes}
+    if cfg.nodes * cfg.tasks_per_node > 1 and trainer.get("strategy", "auto") == "auto":
+        settings["strategy"] = "ddp"
+    return settings
+
+
+def _scheduler_override(override: str) -> bool:
+    key = override.lstrip("+~").split("=", 1)[0]
+    return key == "scheduler" or key.startswith("scheduler.")
+
+
+def job_command(cfg: SlurmConfig, overrides: list[str], flags: list[str], trainer: dict) -> list[str]:
+    """What each task runs: this fit with the scheduler overrides dropped (so ``scheduler=local``) and
+    the trainer sized to the allocation, with this Python."""
+    sized = [f"trainer.{key}={value}" for key, value in job_trainer(cfg, trainer).items()]
+    return [sys.executable, "-m", "lit_ppo", "fit", *[o for o in overrides if not _scheduler_override(o)],
+            *sized, *flags]
+
+
+def script(cfg: SlurmConfig, run_dir: Path, command: list[str], cwd: Path) -> str:
+    """The batch script of the job whose run directory is ``run_dir`` (absolute)."""
+    logs = run_dir / "slurm"
+    sbatch = [f"--job-name={cfg.job_name or run_dir.name}", f"--nodes={cfg.nodes}",
+              f"--ntasks-per-node={cfg.tasks_per_node}"]
+    if cfg.gpus_per_node:
+        sbatch.append(f"--gpus-per-node={cfg.gpus_per_node}")
+    sbatch += [f"--cpus-per-task={cfg.cpus_per_task}", f"--time={cfg.time}"]
+    sbatch += [f"--{name}={value}" for name, value in (("partition", cfg.partition), ("account", cfg.account))
+               if value is not None]
+    # append: a requeued start keeps the job id and adds to the same logs
+    sbatch += [f"--output={logs}/%j.out", f"--error={logs}/%j.err", "--open-mode=append",
+               f"--signal=USR1@{WARNING_S}", "--requeue", *cfg.extra_sbatch]
+    last = run_dir / "checkpoints" / "last.ckpt"
+    body = f"""
+cd {shlex.quote(str(cwd))}
+export {JOB_RUN_DIR_ENV}={shlex.quote(str(run_dir))}
+# A requeued start continues the run from its last completed iteration.
+last={shlex.quote(str(last))}
+resume=()
+if [ -f "$last" ]; then resume=(--ckpt_path "$last"); fi
+srun {shlex.join(command)} "${{resume[@]}}"
+status=$?
+# {REQUEUE_STATUS} = 128 + SIGUSR1: the time limit is near and last.ckpt is written: start the job again.
+if [ "$status" -eq {REQUEUE_STATUS} ]; then scontrol requeue "$SLURM_JOB_ID"; fi
+exit "$status"
+"""
+    return "#!/bin/bash\n" + "".join(f"#SBATCH {line}\n" for line in sbatch) + body
+
+
+def submit(cfg: SlurmConfig, overrides: list[str], flags: list[str], tree: dict) -> int:
+    """Write the job's script into a new run directory and submit it (or print it); the exit code."""
+    if flag_value(flags, "--ckpt_path") is not None:
+        raise ConfigError("--ckpt_path is not supported with scheduler=slurm: the job resumes its own run "
+                          "from last.ckpt; resume an earlier run with scheduler=local")
+    sbatch = shutil.which("sbatch")
+    if sbatch is None and not cfg.dry_run:
+        raise ConfigError("scheduler=slurm: sbatch is not on PATH (submit from a Slurm login node, or write "
+                          "the script with scheduler.dry_run=true)")
+    run_dir = new_run_dir(tree).absolute()
+    path = run_dir / "slurm" / "job.sbatch"
+    path.parent.mkdir()
+    text = script(cfg, run_dir, job_command(cfg, overrides, flags, tree.get("trainer") or {}), Path.cwd())
+    path.write_text(text)
+    print(f"run directory: {run_dir}\nbatch script: {path}", file=sys.stderr, flush=True)
+    if cfg.dry_run:
+        print(text, end="", flush=True)
+        return 0
+    result = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True)
+    if result.returncode != 0:
+        reason = (result.stderr.strip() or result.stdout.strip() or f"exit code {result.returncode}").splitlines()
+        raise ConfigError(f"sbatch refused {path}: {reason[0]}")
+    job_id = result.stdout.strip().split(";")[0]
+    print(f"submitted Slurm job {job_id}; logs: {run_dir / 'slurm' / job_id}.out, .err", flush=True)
+    return 0
