@@ -27,7 +27,8 @@ from lit_ppo.checkpoints import (DIGEST_KEY, RECORD_KEY, AtomicCheckpointIO, che
 KILL_WRITER = Path(__file__).with_name("kill_writer.py")
 REPO = Path(__file__).resolve().parents[2]
 # The CLI on the tiny model with small batches: seconds per iteration on 2 cores.
-ARGS = ["logger=none", "data.batch_size=4", "gconfig.n_samples=4", "trainer.enable_progress_bar=false"]
+ARGS = ["logger=none", "data.batch_size=4", "gconfig.n_samples=4", "trainer.enable_progress_bar=false",
+        "eval.max_problems=4"]
 BIG_NUMEL = 64 * 2**20
 """float32 elements of the checkpoint that gets killed while it is written (256 MiB: a copy of it
 takes long enough to be caught in the middle)."""

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
 GROUPS = 4  # prompt groups per iteration: the probe is called once per group
 ARGS = ["trainer.max_steps=6", f"data.batch_size={GROUPS}", "gconfig.n_samples=4",
-        "data.dynamic_filter_fn=progress_probe.accept"]
+        "data.dynamic_filter_fn=progress_probe.accept", "eval.max_problems=4"]
 # A dynamic filter that accepts every group and records each call: the test sees how far generation
 # got, and the first group of every iteration takes half a second, so a signal sent right after it
 # is recorded arrives while that iteration is still generating.

@@ -24,7 +24,8 @@ from lit_ppo.tracking import _continued_run, create_run_dir, run_name
 from tests.integration.conftest import REPO, run_cli
 
 # One RL iteration of the tiny model on the smallest batch: the cost is start-up, not training.
-TINY = ["trainer.max_steps=1", "data.batch_size=2", "gconfig.n_samples=2", "trainer.enable_progress_bar=false"]
+TINY = ["trainer.max_steps=1", "data.batch_size=2", "gconfig.n_samples=2", "trainer.enable_progress_bar=false",
+        "eval.max_problems=4"]
 NAME = re.compile(r"grpo-arithmetic-tiny-\d{8}-\d{6}(-\d+)?")
 
 

@@ -13,7 +13,8 @@ import pytest
 
 from tests.integration.conftest import REPO, run_cli, run_dir
 
-SHRINK = ["trainer.max_steps=1", "data.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=8", "logger=none"]
+SHRINK = ["trainer.max_steps=1", "data.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=8", "logger=none",
+          "eval.max_problems=4"]
 
 MY_REWARDS = textwrap.dedent('''
     import json

@@ -24,7 +24,8 @@ PROMPT = torch.tensor([[2, 6, 7, 10, 8, 1, 3]])
 def trained(tmp_path_factory) -> Path:
     """The run directory of one iteration of GRPO on the tiny model, tracked in ``sqlite:///mlflow.db``."""
     cwd = tmp_path_factory.mktemp("export")
-    result = run_cli(["fit", "trainer.max_steps=1", "data.batch_size=2", "gconfig.n_samples=2"], cwd)
+    result = run_cli(["fit", "trainer.max_steps=1", "data.batch_size=2", "gconfig.n_samples=2", "eval.max_problems=4"],
+                     cwd)
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir(cwd)
 
