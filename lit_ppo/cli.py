@@ -401,11 +401,14 @@ def run(argv: list[str]) -> int:
         else:
             ckpt_path = flag_value(flags, "--ckpt_path") if subcommand in EVALUATING else None
             tree = evaluation_tree(subcommand, ckpt_path, overrides) if ckpt_path else None
+            # A config read from the checkpoint (which evaluation_tree verified) matches it by construction.
+            from_checkpoint = tree is not None
             scheduler = None
             if tree is None:
                 tree, scheduler = compose_run(overrides)
             validate(tree, subcommand)
-            check_resume_args(flags, tree, error=ConfigError)
+            if not from_checkpoint:
+                check_resume_args(flags, tree, error=ConfigError)
             if scheduler is not None:
                 if subcommand != "fit":
                     raise ConfigError(f"scheduler=slurm submits fit only: run {subcommand} here (scheduler=local)")
