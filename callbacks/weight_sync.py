@@ -17,6 +17,5 @@ class WeightSync(L.Callback):
             return  # no update happened this step (every group filtered out)
         start = time.perf_counter()
         engine.wake()
-        engine.update_weights(((name, p.detach()) for name, p in pl_module.policy.named_parameters()),
-                              version=pl_module.version)
+        engine.update_weights(pl_module.engine_weights(), version=pl_module.version)
         pl_module.log("time/sync_s", time.perf_counter() - start, on_step=True, on_epoch=False, batch_size=1)

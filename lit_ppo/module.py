@@ -267,6 +267,11 @@ class LitPPO(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.version = checkpoint["policy_version"]
 
+    def engine_weights(self):
+        """The policy's named parameters as engines and exports load them: full tensors, one at a
+        time (the weight push streams them, never holding a second copy of the model)."""
+        return ((name, p.detach()) for name, p in self.policy.named_parameters())
+
     # ------------------------------------------------------------------ forward passes
     def _logprobs(self, model, batch: RolloutBatch, with_entropy: bool = False):
         return token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=self.sampling.temperature,
