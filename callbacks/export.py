@@ -28,13 +28,14 @@ class ExportModel(L.Callback):
         return Path(trainer.default_root_dir) / "model"
 
     def on_train_end(self, trainer: L.Trainer, pl_module) -> None:
+        policy = pl_module.full_policy()  # every rank: sharded weights are gathered from all of them
         if not trainer.is_global_zero:
             return
         from lit_ppo.export import write_model_dir
 
-        was_training = pl_module.policy.training
-        path = write_model_dir(pl_module.policy.eval(), pl_module.tokenizer, self.output_dir(trainer), overwrite=True)
-        pl_module.policy.train(was_training)
+        was_training = policy.training
+        path = write_model_dir(policy.eval(), pl_module.tokenizer, self.output_dir(trainer), overwrite=True)
+        policy.train(was_training)
         for logger in trainer.loggers:
             if isinstance(logger, MLFlowLogger):
                 logger.experiment.log_artifacts(logger.run_id, str(path), "model")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import lightning as L
@@ -27,6 +28,13 @@ _received: list[int] = []  # signals are per process, and so is the record of on
 def received_signal() -> int | None:
     """The first stop signal received during this process's latest fit, or None."""
     return _received[0] if _received else None
+
+
+def request_stop(signum: int) -> None:
+    """Stop this process's fit at the next iteration boundary as if it had received ``signum``: for a fit
+    whose signals reach another process (a Ray Train worker's, whose driver relays them)."""
+    if not _received:
+        _received.append(signum)
 
 
 def mark_runs_killed(trainer: L.Trainer) -> None:
@@ -56,7 +64,9 @@ class GracefulStop(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
         self._trainer = trainer
         _received.clear()  # a signal stops the fit it arrived in, not a later one in this process
-        for signum in SIGNALS:  # signal handlers can only be set from the main thread
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread; see request_stop
+        for signum in SIGNALS:
             self._previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._handle)
 

@@ -9,7 +9,7 @@ import sys
 USAGE = """usage: python -m lit_ppo fit [group=option ...] [key=value ...] [--print_config] [--LightningCLI.flags]
        python -m lit_ppo fit --config run.yaml [--trainer.max_steps N ...]
        python -m lit_ppo validate|test --ckpt_path CKPT [--eval.k N ...]   (or with fit's overrides)
-       python -m lit_ppo export --ckpt_path CKPT --output DIR [--overwrite]
+       python -m lit_ppo export --ckpt_path CKPT --output DIR [--adapter DIR] [--overwrite]
        python -m lit_ppo compare [--experiment NAME] [--runs ID ...] [--metric M] [--output PNG]
        python -m lit_ppo sweep key=a,b [key=range(0,3) ...] [key=value ...] [--experiment NAME] [--metric M] [--output PNG]
 

@@ -22,6 +22,10 @@ readable file, load, match its digest, hold finite weights and optimizer state, 
 with the same algorithm, model and task as the run (``run_record``, stored under ``lit_ppo``). The
 record also says where the run is recorded (its ``run`` entry, see ``lit_ppo.tracking.run_reference``),
 so that the resumed run continues it; that entry is not compared.
+
+Distributed checkpoints (``trainer=fsdp``, ``lit_ppo.fsdp.FSDP2Strategy``) are directories of
+shard files and a ``meta.pt`` holding everything else, the SHA-256 of every shard file
+(``shard_sha256``) and the digest of ``meta.pt``'s own content: they get the same checks, per file.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import hashlib
 import inspect
 import os
 import secrets
+import shutil
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -49,6 +54,10 @@ RECORD_KEY = "lit_ppo"
 """Top-level checkpoint key of what the run was made with (see ``run_record``)."""
 RUN_KEY = "run"
 """Entry of the record naming the run directory and MLflow run that a resume continues."""
+DISTRIBUTED_META = "meta.pt"
+"""File of a distributed checkpoint directory holding all but the sharded tensors (Lightning's name)."""
+SHARDS_KEY = "shard_sha256"
+"""Entry of a distributed checkpoint's ``meta.pt``: ``{file name: SHA-256}`` of its other files."""
 FINITE_SECTIONS = ("state_dict", "optimizer_states")
 """Checkpoint sections that must be finite. Callback state may hold infinities legitimately
 (ModelCheckpoint's initial ``kth_value``, EarlyStopping's ``best_score``)."""
@@ -192,6 +201,115 @@ def write_atomically(checkpoint: dict, path: str) -> None:
     _remove_stale_temps(directory, name)
 
 
+def first_non_finite(sections: dict) -> str | None:
+    """Key path of the first non-finite floating tensor in ``sections`` (a sharded one: this rank's
+    shard), or None."""
+    for path, value in _walk(sections, ""):
+        if isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex()):
+            local = value.to_local() if hasattr(value, "to_local") else value
+            if not bool(torch.isfinite(local.detach()).all()):
+                return path
+    return None
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def temporary_directory(path: str | os.PathLike) -> str:
+    """A new hidden directory beside ``path`` to write its replacement into."""
+    directory, name = os.path.split(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    while True:
+        temp = os.path.join(directory, f".{name}.tmp-{secrets.token_hex(8)}")
+        try:
+            os.mkdir(temp)
+            return temp
+        except FileExistsError:
+            continue
+
+
+def write_meta(checkpoint: dict, shards: dict[str, str], path: str | os.PathLike) -> None:
+    """``meta.pt`` of a distributed checkpoint: ``checkpoint`` (its tensors already in the shard
+    files), the shard files' digests and the digest of this content, flushed and fsynced."""
+    content = {**checkpoint, SHARDS_KEY: shards}
+    content[DIGEST_KEY] = scan(content).digest
+    with open(path, "wb") as f:
+        torch.save(content, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def replace_directory(temp: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Publish the complete directory ``temp`` as ``path``. A directory cannot be renamed onto a
+    non-empty one, so the old one moves aside first (to ``.<name>.old-<random>``): a kill between the
+    two renames leaves it there, complete, and ``read_checkpoint`` names it."""
+    path = os.path.abspath(path)
+    directory, name = os.path.split(path)
+    for entry in os.listdir(temp):  # the shard files' data, before the renames make them visible
+        with open(os.path.join(temp, entry), "rb") as f:
+            os.fsync(f.fileno())
+    old = None
+    if os.path.lexists(path):
+        old = os.path.join(directory, f".{name}.old-{secrets.token_hex(8)}")
+        os.rename(path, old)
+    os.rename(temp, path)
+    _fsync_directory(directory)
+    if old is not None:
+        shutil.rmtree(old) if os.path.isdir(old) and not os.path.islink(old) else os.unlink(old)
+
+
+def remove_stale_directories(path: str | os.PathLike) -> None:
+    """Temporary and set-aside directories of ``path`` left by killed writers."""
+    directory, name = os.path.split(os.path.abspath(path))
+    for entry in os.listdir(directory):
+        if entry.startswith((f".{name}.tmp-", f".{name}.old-")):
+            shutil.rmtree(os.path.join(directory, entry), ignore_errors=True)
+
+
+def is_distributed_checkpoint(path: str | os.PathLike) -> bool:
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, DISTRIBUTED_META))
+
+
+def _read_meta(path: str) -> tuple[dict | None, str | None]:
+    """``(meta.pt content, None)`` of a distributed checkpoint directory, or ``(None, problem)``."""
+    meta_file = os.path.join(path, DISTRIBUTED_META)
+    if not os.access(meta_file, os.R_OK):
+        return None, f"is not readable ({DISTRIBUTED_META}: permission denied)"
+    try:
+        meta = torch.load(meta_file, map_location="cpu", weights_only=True)
+    except Exception as e:
+        return None, (f"cannot be loaded, its {DISTRIBUTED_META} is truncated, corrupted or not a checkpoint "
+                      f"({_first_sentence(e)})")
+    problem = content_problem(meta)
+    if problem is not None:
+        return None, f"{DISTRIBUTED_META}: {problem}"
+    if not isinstance(meta.get(SHARDS_KEY), dict):
+        return None, f"was not written by lit_ppo ({DISTRIBUTED_META} lists no shard digests)"
+    return meta, None
+
+
+def distributed_checkpoint_problem(path: str | os.PathLike) -> str | None:
+    """Why the distributed checkpoint directory ``path`` must not be used (unreadable or corrupted
+    ``meta.pt``, a shard file missing or differing from its digest), or None."""
+    meta, problem = _read_meta(os.fspath(path))
+    if problem is not None:
+        return problem
+    for name, digest in meta[SHARDS_KEY].items():
+        shard = os.path.join(path, name)
+        if not os.path.isfile(shard):
+            return f"is incomplete: shard file {name} is missing"
+        if not os.access(shard, os.R_OK):
+            return f"is not readable ({name}: permission denied)"
+        if file_sha256(shard) != digest:
+            return f"shard file {name} does not match its digest (it was corrupted after it was written)"
+    return None
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's torch checkpoint IO with atomic local writes, a content digest and a refusal to
     write or load non-finite weights / optimizer state (see the module docstring)."""
@@ -264,11 +382,11 @@ def task_identity(task: Any) -> dict[str, Any]:
 
 
 def run_record(module) -> dict[str, Any]:
-    """What a LitPPO checkpoint is made with: algorithm, model source and task, and where its run is
-    recorded (stored under ``lit_ppo``)."""
+    """What a LitPPO checkpoint is made with: algorithm, model source (and LoRA settings) and task, and
+    where its run is recorded (stored under ``lit_ppo``)."""
     from lit_ppo.tracking import run_reference
 
-    record = {"algo": module.algo, "model": model_identity(module.model_cfg.source)}
+    record = {"algo": module.algo, "model": model_identity(module.model_cfg.source), **lora_identity(module.model_cfg)}
     task = getattr(module.trainer.datamodule, "task", None)
     if task is not None:
         record.update(task_identity(task))
@@ -287,7 +405,24 @@ def expected_record(tree: dict) -> dict[str, Any]:
     source = model_cfg.source if isinstance(model_cfg, ModelConfig) else model_cfg.get("source", ModelConfig.source)
     data = tree.get("data") or {}
     task = RolloutDataModule(**{k: data[k] for k in ("task", "task_kwargs") if k in data}).task
-    return {"algo": algo, "model": model_identity(source), **task_identity(task)}
+    return {"algo": algo, "model": model_identity(source), **lora_identity(model_cfg), **task_identity(task)}
+
+
+LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_target_modules")
+"""Model settings a LoRA checkpoint is recorded with: its adapters' shapes, places and scaling."""
+
+
+def lora_identity(model_cfg) -> dict[str, Any]:
+    """``model.<field>`` of ``LORA_FIELDS`` of a LoRA model config (a ModelConfig or a mapping of
+    its fields); {} without LoRA, so the records of other checkpoints are unchanged."""
+    from lit_ppo.module import ModelConfig
+
+    def get(name: str):
+        value = getattr(model_cfg, name) if isinstance(model_cfg, ModelConfig) else model_cfg.get(
+            name, getattr(ModelConfig, name))
+        return list(value) if isinstance(value, tuple) else value
+
+    return {f"model.{name}": get(name) for name in LORA_FIELDS} if get("lora_rank") else {}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,9 +472,21 @@ def read_checkpoint(ckpt_path: str) -> dict:
     path = os.fspath(ckpt_path)
     where = f"--ckpt_path {path}"
     if not os.path.exists(path):
+        directory, name = os.path.split(os.path.abspath(path))
+        aside = sorted(e for e in os.listdir(directory) if e.startswith(f".{name}.old-")) \
+            if os.path.isdir(directory) else []
+        if aside:  # a save was killed between moving the old checkpoint aside and publishing the new one
+            raise ValueError(f"{where}: no such file; an interrupted save left the previous checkpoint at "
+                             f"{os.path.join(directory, aside[-1])} (rename it to {name} to use it)")
         raise ValueError(f"{where}: no such file")
+    if is_distributed_checkpoint(path):
+        problem = distributed_checkpoint_problem(path)
+        if problem is not None:
+            raise ValueError(f"{where}: {problem}")
+        return _read_meta(path)[0]
     if os.path.isdir(path):
-        raise ValueError(f"{where}: is a directory, must be a checkpoint file (e.g. .../checkpoints/last.ckpt)")
+        raise ValueError(f"{where}: is a directory, must be a checkpoint file (e.g. .../checkpoints/last.ckpt) "
+                         f"or a distributed checkpoint directory (with a {DISTRIBUTED_META})")
     if not os.access(path, os.R_OK):
         raise ValueError(f"{where}: is not readable (permission denied)")
     try:
@@ -358,9 +505,14 @@ def recorded_run(ckpt_path: str | None) -> dict[str, str] | None:
     """The ``run`` entry of the record of the local checkpoint ``ckpt_path`` ({} for a checkpoint that
     records no run); None without a local file (no ``ckpt_path``, Lightning's own values, URLs).
     ``check_resume`` has verified the file; loading it memory-mapped reads the record only."""
-    if ckpt_path in (None, "") or not os.path.isfile(os.fspath(ckpt_path)):
+    if ckpt_path in (None, "") or not os.path.exists(os.fspath(ckpt_path)):
         return None
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+    if is_distributed_checkpoint(ckpt_path):
+        checkpoint = torch.load(os.path.join(ckpt_path, DISTRIBUTED_META), map_location="cpu", weights_only=True)
+    elif os.path.isfile(ckpt_path):
+        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+    else:
+        return None
     record = checkpoint.get(RECORD_KEY)
     return dict(record.get(RUN_KEY) or {}) if isinstance(record, dict) else {}
 

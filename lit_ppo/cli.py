@@ -32,7 +32,8 @@ from lit_ppo.errors import RunStopped
 from lit_ppo.models import MODEL_SOURCES, model_dir_problem
 from lit_ppo.module import LitPPO, ModelConfig
 from lit_ppo.rollout.workflows import task_name
-from lit_ppo.schedulers import scheduler_config, slurm
+from lit_ppo import schedulers
+from lit_ppo.schedulers import scheduler_config
 from lit_ppo.tracking import RUN_DIR_ENV, TrackedConfig, start, start_mlflow_runs
 
 
@@ -71,6 +72,15 @@ def _register_resolvers() -> None:
     if not OmegaConf.has_resolver("int_mul"):
         # ${int_mul:a,f}: max(1, int(a * f)), e.g. a buffer that is a fraction of a token budget.
         OmegaConf.register_new_resolver("int_mul", lambda a, f: max(1, int(int(a) * float(f))))
+    if not OmegaConf.has_resolver("on_gpu"):
+        # ${on_gpu:a,b}: a where CUDA devices are visible, else b (presets that suit both kinds of machine).
+        OmegaConf.register_new_resolver("on_gpu", _on_gpu)
+
+
+def _on_gpu(on_gpu, otherwise):
+    import torch
+
+    return on_gpu if torch.cuda.is_available() else otherwise
 
 
 def _explain_hydra_error(error: Exception, overrides: list[str]) -> str:
@@ -89,7 +99,7 @@ def _known_keys() -> dict[str, list[str]]:
             "eval": [f.name for f in fields(EvalConfig)],
             "data": list(inspect.signature(RolloutDataModule.__init__).parameters)[1:],
             "rollout": ["engine", "engine_kwargs", "max_logp_gap"],
-            "scheduler": [f.name for f in fields(slurm.SlurmConfig)],
+            "scheduler": [f.name for cls in (schedulers.SlurmConfig, schedulers.RayConfig) for f in fields(cls)],
             "trainer": list(inspect.signature(__import__("lightning").Trainer.__init__).parameters)[1:]}
 
 
@@ -158,8 +168,8 @@ def compose(overrides: list[str]) -> dict:
     return compose_run(overrides)[0]
 
 
-def compose_run(overrides: list[str]) -> tuple[dict, slurm.SlurmConfig | None]:
-    """``compose``'s tree and the checked ``scheduler`` section: None to run here, else the batch job's."""
+def compose_run(overrides: list[str]) -> tuple[dict, schedulers.JobConfig | None]:
+    """``compose``'s tree and the checked ``scheduler`` section: None to run here, else the job's."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
@@ -273,10 +283,11 @@ def validate(tree: dict, subcommand: str = "fit") -> None:
 # ---------------------------------------------------------------------------------------------
 
 class LitPPOCLI(LightningCLI):
-    def __init__(self, args: list[str]):
+    def __init__(self, args: list[str], **kwargs: Any):
+        """``kwargs``: more LightningCLI arguments (a Ray worker's ``trainer_defaults``)."""
         super().__init__(LitPPO, RolloutDataModule, args=args, save_config_callback=TrackedConfig,
                          save_config_kwargs={"overwrite": True, "save_to_log_dir": False}, parser_kwargs={"exit_on_error": False},
-                         seed_everything_default=0, auto_configure_optimizers=False)
+                         seed_everything_default=0, auto_configure_optimizers=False, **kwargs)
 
     def before_instantiate_classes(self) -> None:
         if self.subcommand in EVALUATING:
@@ -321,7 +332,9 @@ class LitPPOCLI(LightningCLI):
 EXPECTED_WARNINGS = ("Using ModelCheckpoint with manual optimization", "You are using the `dataloader_iter` step",
                      "Found `dataloader_iter` argument", "Found .* module\\(s\\) in eval mode",
                      "LightningCLI's args parameter is intended",
-                     "Be aware that when using `ckpt_path`, callbacks used to create the checkpoint")
+                     "Be aware that when using `ckpt_path`, callbacks used to create the checkpoint",
+                     # eval/* are sums that on_validation_epoch_end all-reduces itself.
+                     "It is recommended to use `self.log\\('eval/")
 
 
 def _keep_traceback(error: BaseException) -> Path | None:
@@ -406,15 +419,18 @@ def run(argv: list[str]) -> int:
             scheduler = None
             if tree is None:
                 tree, scheduler = compose_run(overrides)
+                if scheduler is not None:
+                    schedulers.check_trainer(scheduler, tree["trainer"])
             validate(tree, subcommand)
             if not from_checkpoint:
                 check_resume_args(flags, tree, error=ConfigError)
             if scheduler is not None:
                 if subcommand != "fit":
-                    raise ConfigError(f"scheduler=slurm submits fit only: run {subcommand} here (scheduler=local)")
+                    raise ConfigError(f"scheduler={schedulers.scheduler_name(scheduler)} submits fit only: "
+                                      f"run {subcommand} here (scheduler=local)")
                 if not any(flag.split("=", 1)[0] == "--print_config" for flag in flags):
-                    return slurm.submit(scheduler, overrides, flags, tree)
-                tree["trainer"].update(slurm.job_trainer(scheduler, tree["trainer"]))  # the job's config
+                    return schedulers.submit(scheduler, overrides, flags, tree)
+                tree["trainer"].update(schedulers.job_trainer(scheduler, tree["trainer"]))  # the job's config
             handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="lit_ppo_", delete=False)
             with handle:
                 yaml.safe_dump(tree, handle, sort_keys=False)

@@ -207,10 +207,11 @@ class RolloutDataModule(L.LightningDataModule):
         self.epoch, self.cursor, self.requests = state["epoch"], state["cursor"], state["requests"]
 
     def _build_engine(self, module) -> RolloutEngine:
+        policy = module.full_policy()  # the engine's own copy of the weights (gathered if sharded)
         if self.engine_name == "hf":
             from lit_ppo.rollout.hf_engine import HFEngine
 
-            engine = HFEngine(module.policy, module.tokenizer, device=module.device, **self.engine_kwargs)
+            engine = HFEngine(policy, module.tokenizer, device=module.device, **self.engine_kwargs)
         else:
             from lit_ppo.rollout.vllm_engine import VLLMEngine
 
@@ -219,7 +220,7 @@ class RolloutDataModule(L.LightningDataModule):
                 # variables; Lightning's own launcher does not set RANK.
                 os.environ.update(RANK=str(self.trainer.global_rank), LOCAL_RANK=str(self.trainer.local_rank),
                                   WORLD_SIZE=str(self.trainer.world_size))
-            engine = VLLMEngine(module.policy, module.tokenizer, seed=self.seed + self.trainer.global_rank,
+            engine = VLLMEngine(policy, module.tokenizer, seed=self.seed + self.trainer.global_rank,
                                 **self.engine_kwargs)
         engine.version = module.version
         return engine

@@ -96,6 +96,30 @@ def save_checkpoint(model: torch.nn.Module, tokenizer, path: str | Path) -> None
     tokenizer.save_pretrained(path)
 
 
+def model_from_weights(config, weights, dtype: torch.dtype, generation_config=None):
+    """A plain transformers causal LM of ``config`` holding ``weights`` (``(name, tensor)`` pairs, e.g.
+    gathered from a sharded model, or merged adapters): what engines copy and exports write when the
+    trained policy is not such a model itself. Tied weights may come under either name."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded: set[str] = set()
+    for name, tensor in weights:
+        if name not in params:
+            raise KeyError(f"weight {name!r} is not a parameter of a {type(model).__name__}")
+        with torch.no_grad():
+            params[name].copy_(tensor)
+        loaded.add(name)
+    aliases = {name for name, p in params.items() if any(p is params[other] for other in loaded)}
+    missing = sorted(set(params) - loaded - aliases)
+    if missing:
+        raise KeyError(f"no weight given for {missing[0]} (and {len(missing) - 1} more)")
+    if generation_config is not None:
+        model.generation_config = copy.deepcopy(generation_config)
+    return model.eval()
+
+
 def _load_dir(path: str | Path, dtype: torch.dtype):
     """Model and tokenizer of a local Hugging Face checkpoint directory (never touches the hub)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -9,6 +9,7 @@ not depend on micro-batching or world size.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -16,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 import lightning as L
 import torch
 import torch.distributed as dist
+from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lit_ppo.algos import compute_advantages, policy_loss, value_loss
@@ -23,13 +25,20 @@ from lit_ppo.checkpoints import install_checkpoint_io, run_record
 from lit_ppo.config import OptimizerConfig, PPOActorConfig, PPOCriticConfig
 from lit_ppo.errors import RunStopped
 from lit_ppo.evaluation import SUMS, eval_metrics
-from lit_ppo.models import build_critic, build_reference, load_causal_lm, token_logprobs, use_chat_template
+from lit_ppo.lora import adapters_disabled, add_lora, lora_config, merged_weights, trainable_parameters
+from lit_ppo.models import (build_critic, build_reference, load_causal_lm, model_from_weights, token_logprobs,
+                            use_chat_template)
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.engine import SamplingParams
 from lit_ppo.rollout.workflows import task_name
 from lit_ppo.sampling import allowed_mask
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SUMMED = ("rollout/accepted", "rollout/rejected", "rollout/invalid_rewards", "perf/tokens_per_s")
+"""Iteration metrics that add up over ranks (counts, throughput); the others are weighted means."""
+ROW_MEANS = ("rollout/reward_mean", "rollout/response_length", "rollout/truncated_fraction")
+TOKEN_MEANS = ("actor/advantage_abs_mean", "actor/kl_reward", "critic/explained_variance", "mismatch/logp_abs_diff")
+"""Iteration metrics that are means over a rank's rows / its loss tokens."""
 MISMATCH_STATS = ("behave_imp_weight", "behave_approx_kl", "filtered_fraction")
 """Policy-loss statistics of the behaviour policy vs the proximal policy, logged under mismatch/."""
 
@@ -52,6 +61,20 @@ class ModelConfig:
     """Jinja chat template that renders prompts (and turns) for the model. None: the tokenizer's own,
     or for a tokenizer without one ``lit_ppo.models.PLAIN_CHAT_TEMPLATE`` (``User: <prompt>`` then
     ``Assistant:``). Exports and checkpoints carry the template used."""
+    lora_rank: int = 0
+    """LoRA rank r (through peft); 0 trains every weight. With r > 0 only the adapters train and sit in
+    the optimizer, the reference policy (actor.kl_ctl > 0) is the base model with the adapters
+    disabled (no second copy), the critic (algo=ppo) is its own copy of the base body with its own
+    adapters and a fully trained value head, and engines and exports receive the merged weights."""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator: an adapter adds ``lora_alpha / lora_rank * B @ A`` to its layer's weight."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapters' input in the trainer's forward passes, in [0, 1); the merged weights that
+    engines and exports get have none. Above 0 the trainer's log-probs differ from the engine's."""
+    lora_target_modules: str | list[str] = "all-linear"
+    """Layers that get adapters, as peft's ``target_modules``: 'all-linear' (every linear layer but the
+    LM head), a list of module names (e.g. [q_proj, v_proj]) or a regex matched against full module
+    names. Only linear layers are supported."""
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -62,6 +85,23 @@ class ModelConfig:
         if template is not None and (not isinstance(template, str) or not template.strip()):
             raise ValueError(f"model.chat_template={self.chat_template!r} is invalid: must be a non-empty Jinja "
                              f"template or null")
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 0:
+            raise ValueError(f"model.lora_rank={self.lora_rank!r} is invalid: must be an integer >= 0 (0: no LoRA)")
+        if (isinstance(self.lora_alpha, bool) or not isinstance(self.lora_alpha, (int, float))
+                or not self.lora_alpha > 0):
+            raise ValueError(f"model.lora_alpha={self.lora_alpha!r} is invalid: must be a number > 0")
+        if (isinstance(self.lora_dropout, bool) or not isinstance(self.lora_dropout, (int, float))
+                or not 0 <= self.lora_dropout < 1):
+            raise ValueError(f"model.lora_dropout={self.lora_dropout!r} is invalid: must be a number in [0, 1)")
+        targets = self.lora_target_modules
+        if not (isinstance(targets, str) and targets.strip()) and not (
+                isinstance(targets, (list, tuple)) and targets and all(isinstance(t, str) and t for t in targets)):
+            raise ValueError(f"model.lora_target_modules={targets!r} is invalid: must be 'all-linear', a non-empty "
+                             f"list of module names or a regex over module names")
+
+    def lora(self):
+        """peft ``LoraConfig`` of the ``lora_*`` fields (``lora_rank`` > 0)."""
+        return lora_config(self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_target_modules)
 
 
 def _config(cls, value):
@@ -201,8 +241,15 @@ class LitPPO(L.LightningModule):
         if self.model_cfg.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
         self.critic = build_critic(self.policy) if critic is not None else None
-        # kl_ctl > 0 always gets a reference model (AReaL silently used log pi_ref = 0 without one).
-        self.ref = build_reference(self.policy) if self.actor_cfg.kl_ctl > 0 else None
+        if self.model_cfg.lora_rank > 0:  # after the critic's copy, which gets adapters of its own
+            lora_cfg = self.model_cfg.lora()
+            add_lora(self.policy, lora_cfg)
+            if self.critic is not None:
+                add_lora(self.critic.body, lora_cfg)
+        # kl_ctl > 0 always gets a reference (AReaL silently used log pi_ref = 0 without one); under
+        # LoRA it is the policy with its adapters disabled (_reference_logprobs), not a copy.
+        with_ref = self.actor_cfg.kl_ctl > 0 and not self.model_cfg.lora_rank
+        self.ref = build_reference(self.policy) if with_ref else None
         self.version = 0
         """Policy version: the number of completed updates; the engine samples with this version."""
         self.sampling: SamplingParams | None = None
@@ -219,9 +266,10 @@ class LitPPO(L.LightningModule):
     # ------------------------------------------------------------------ setup
     def configure_optimizers(self):
         total = self.trainer.max_steps if self.trainer and self.trainer.max_steps > 0 else 0
-        configs = [(self.policy.parameters(), self.actor_cfg.optimizer)]
+        # Under LoRA only the adapters (and the critic's value head) require grad and get optimizer state.
+        configs = [(trainable_parameters(self.policy), self.actor_cfg.optimizer)]
         if self.critic is not None:
-            configs.append((self.critic.parameters(), self.critic_cfg.optimizer))
+            configs.append((trainable_parameters(self.critic), self.critic_cfg.optimizer))
         optimizers, schedulers = [], []
         for params, cfg in configs:
             opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
@@ -267,17 +315,56 @@ class LitPPO(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.version = checkpoint["policy_version"]
 
+    def configure_model(self) -> None:
+        # Called by the strategy before optimizers exist (and by load_from_checkpoint, without a
+        # trainer); only FSDP2 changes the models.
+        if self._trainer is not None and isinstance(self._trainer.strategy, ModelParallelStrategy):
+            from lit_ppo.fsdp import shard_models
+
+            shard_models(self, self.device_mesh["data_parallel"])
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the models are sharded over ranks (FSDP2): then every forward pass is a collective."""
+        from torch.distributed.fsdp import FSDPModule
+
+        return isinstance(self.policy, FSDPModule)
+
     def engine_weights(self):
         """The policy's named parameters as engines and exports load them: full tensors, one at a
-        time (the weight push streams them, never holding a second copy of the model)."""
-        return ((name, p.detach()) for name, p in self.policy.named_parameters())
+        time (the weight push streams them, never holding a second copy of the model). Sharded, each
+        is gathered from all ranks as it is reached: every rank must iterate it to the end."""
+        from lit_ppo.fsdp import full_tensor
+
+        weights = ((name, full_tensor(p.detach())) for name, p in self.policy.named_parameters())
+        # Under LoRA: the merged weights, under the base model's names (engines load them unchanged).
+        return merged_weights(self.policy, weights) if self.model_cfg.lora_rank else weights
+
+    def full_policy(self):
+        """The policy as one plain transformers model, which engines copy and exports write: the
+        policy itself, or, sharded or under LoRA, a model of its config built from ``engine_weights``
+        (the adapters merged; sharded, a collective: every rank calls it)."""
+        if not self.sharded and not self.model_cfg.lora_rank:
+            return self.policy
+        return model_from_weights(self.policy.config, self.engine_weights(), DTYPES[self.model_cfg.dtype],
+                                  getattr(self.policy, "generation_config", None))
 
     # ------------------------------------------------------------------ forward passes
+    def _reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        """Log-probs of the reference policy: the frozen copy, or under LoRA the policy with its
+        adapters disabled (the base model)."""
+        if self.ref is not None:
+            return self._logprobs(self.ref, batch)[0]
+        with adapters_disabled(self.policy):
+            return self._logprobs(self.policy, batch)[0]
+
     def _logprobs(self, model, batch: RolloutBatch, with_entropy: bool = False):
-        return token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=self.sampling.temperature,
-                              top_k=self.sampling.top_k, top_p=self.sampling.top_p, allowed=self._allowed,
-                              loss_mask=batch.loss_mask, chunk_size=self.model_cfg.logprob_chunk_size,
-                              with_entropy=with_entropy)
+        # A sharded model carries the pass as its own FSDP forward method (lit_ppo.fsdp.shard_models).
+        logprobs = getattr(model, "token_logprobs", None) or functools.partial(token_logprobs, model)
+        return logprobs(batch.input_ids, batch.attention_mask, temperature=self.sampling.temperature,
+                        top_k=self.sampling.top_k, top_p=self.sampling.top_p, allowed=self._allowed,
+                        loss_mask=batch.loss_mask, chunk_size=self.model_cfg.logprob_chunk_size,
+                        with_entropy=with_entropy)
 
     @torch.no_grad()
     def _no_grad_pass(self, fn, batch: RolloutBatch, max_tokens: int) -> list[torch.Tensor]:
@@ -286,7 +373,13 @@ class LitPPO(L.LightningModule):
         B, T = batch.input_ids.shape
         lengths = batch.attention_mask.sum(1).tolist()
         outputs: list[torch.Tensor] = []
-        for rows in micro_batches(list(range(B)), lengths, max_tokens):
+        rows_per_pass = micro_batches(list(range(B)), lengths, max_tokens)
+        if self.sharded:  # every rank must take part in every sharded forward: pad with discarded passes
+            rows_per_pass += [[] for _ in range(self._world_max(len(rows_per_pass)) - len(rows_per_pass))]
+        for rows in rows_per_pass:
+            if not rows:
+                fn(batch.select([0]))
+                continue
             result = fn(batch.select(rows))
             result = result if isinstance(result, tuple) else (result,)
             if not outputs:
@@ -327,8 +420,8 @@ class LitPPO(L.LightningModule):
         else:
             prox_logp = batch.behave_logp  # on-policy: the behaviour log-probs are the old log-probs
         ref_logp = None
-        if self.ref is not None:
-            (ref_logp,) = self._no_grad_pass(lambda b: self._logprobs(self.ref, b)[0], batch, cfg.mb_max_tokens)
+        if cfg.kl_ctl > 0:
+            (ref_logp,) = self._no_grad_pass(self._reference_logprobs, batch, cfg.mb_max_tokens)
         values = final_values = None
         if self.critic is not None:
             values, final_values = self._no_grad_pass(
@@ -362,7 +455,11 @@ class LitPPO(L.LightningModule):
         if values is not None:
             returns = adv.returns[mask]
             metrics["critic/explained_variance"] = float(1 - (returns - values[mask]).var() / returns.var().clamp(min=1e-8))
-        self._log_iteration(metrics, start, n_tokens)
+        # Each rank's means weigh by what they average over (its rows or tokens) in the world mean.
+        weights = {k: float(batch.num_rows) for k in ROW_MEANS}
+        weights.update({k: float(n_tokens) for k in TOKEN_MEANS})
+        weights.update(sums.weights)  # the update's statistics: the tokens of the micro-batches they came from
+        self._log_iteration(metrics, start, n_tokens, weights)
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         # Lightning ends at trainer.max_steps without evaluating; a stop request at the last
@@ -430,7 +527,10 @@ class LitPPO(L.LightningModule):
         all-reduce). A skipped step drops the gradients and still calls ``step``: AdamW leaves
         parameters without a gradient untouched, their state (step count, moments) included, and the
         wrapper still counts the iteration."""
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf")))
+        from lit_ppo.fsdp import full_tensor
+
+        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf"))
+        grad_norm = float(full_tensor(norm))  # sharded: the norm over all shards
         optimizer = self._optimizers()[optimizer_index]
         applied = loss_finite and math.isfinite(grad_norm)
         if not applied:
@@ -523,19 +623,23 @@ class LitPPO(L.LightningModule):
                 if mb_rows:
                     weight = float(batch.loss_mask[picked].sum())
                     for group, values in stats.items():
-                        step_sums.add(values, weight, group)
-            # A loss can be non-finite on one rank only (gradients need not be): agree before skipping.
-            loss_finite = self._world_sum(0.0 if bool(torch.isfinite(loss_sum)) else 1.0) == 0.0
+                        # A micro-batch's loss is its share of the minibatch loss: added up below, not averaged.
+                        step_sums.add({k: v for k, v in values.items() if (group, k) != (prefix, "loss")}, weight,
+                                      group)
+            # The minibatch loss over all ranks. Non-finite on one rank only (gradients need not be), it is
+            # non-finite in the sum too: every rank skips the step.
+            minibatch_loss = self._world_sum(float(loss_sum))
+            loss_finite = math.isfinite(minibatch_loss)
             # Only the actor's last step of the iteration goes through Lightning (one global step).
             last = optimizer_index == 0 and i == len(minibatches) - 1
             grad_norm, applied = self._step(optimizer_index, model.parameters(), clip, last, loss_finite)
             if applied:
                 sums.merge(step_sums)
-                sums.add({"grad_norm": grad_norm}, 1.0, prefix)
+                sums.add({"grad_norm": grad_norm, "loss": minibatch_loss}, 1.0, prefix)
             else:
                 skips += 1
                 rank_zero_warn(f"{prefix} optimizer step skipped at policy version {self.version} (minibatch "
-                               f"{i + 1} of {len(minibatches)}): loss {float(loss_sum)}, gradient norm "
+                               f"{i + 1} of {len(minibatches)}): loss {minibatch_loss}, gradient norm "
                                f"{grad_norm}; the weights and optimizer state are unchanged")
         sums.add({"skipped_steps": float(skips)}, 1.0, prefix)
         return skips
@@ -572,15 +676,21 @@ class LitPPO(L.LightningModule):
     on_test_epoch_end = on_validation_epoch_end
 
     # ------------------------------------------------------------------ metrics
-    def _log_iteration(self, metrics: dict[str, float], start: float, n_tokens: int) -> None:
-        """One all-reduce (mean over ranks) for every metric of the iteration, then log them."""
+    def _log_iteration(self, metrics: dict[str, float], start: float, n_tokens: int,
+                       weights: dict[str, float] | None = None) -> None:
+        """One all-reduce for every metric of the iteration, then log them: ``SUMMED`` metrics add up
+        over ranks, the others are means over ranks weighted by ``weights`` (1 where not given), so
+        that a rank with more samples counts for more, as in one process holding every rank's."""
         train_s = time.perf_counter() - start
         metrics["time/train_s"] = train_s
         generate_s = metrics.get("time/generate_s", 0.0)
         metrics["perf/tokens_per_s"] = n_tokens / max(train_s + generate_s, 1e-9)
         names = sorted(metrics)
-        values = torch.tensor([float(metrics[k]) for k in names], dtype=torch.float64, device=self.device)
-        values = self.trainer.strategy.reduce(values, reduce_op="mean")
-        logged = dict(zip(names, values.tolist()))
+        w = [1.0 if k in SUMMED else float((weights or {}).get(k, 1.0)) for k in names]
+        packed = torch.tensor([float(metrics[k]) * wk for k, wk in zip(names, w)] + w, dtype=torch.float64,
+                              device=self.device)
+        totals = self.trainer.strategy.reduce(packed, reduce_op="sum").tolist()
+        logged = {k: totals[i] if k in SUMMED else totals[i] / max(totals[len(names) + i], 1e-12)
+                  for i, k in enumerate(names)}
         # batch_size only silences Lightning's epoch-averaging bookkeeping; nothing is averaged here.
         self.log_dict(logged, on_step=True, on_epoch=False, sync_dist=False, batch_size=1)

@@ -1,5 +1,6 @@
-"""Where ``python -m lit_ppo fit`` runs: ``scheduler=local`` (this process, the default) or
-``scheduler=slurm`` (a Slurm batch job, see lit_ppo.schedulers.slurm)."""
+"""Where ``python -m lit_ppo fit`` runs: ``scheduler=local`` (this process, the default),
+``scheduler=slurm`` (a Slurm batch job, see lit_ppo.schedulers.slurm) or ``scheduler=ray`` (a Ray
+Train job, see lit_ppo.schedulers.ray)."""
 
 from __future__ import annotations
 
@@ -7,26 +8,51 @@ from dataclasses import fields
 from typing import Any
 
 from lit_ppo.cli_errors import ConfigError
+from lit_ppo.schedulers import ray, slurm
+from lit_ppo.schedulers.ray import RayConfig
 from lit_ppo.schedulers.slurm import SlurmConfig
 
-SCHEDULERS = ("local", "slurm")
+SCHEDULERS = {"local": None, "ray": RayConfig, "slurm": SlurmConfig}
+"""scheduler=<name> -> the settings of its job (None: this process)."""
+JobConfig = SlurmConfig | RayConfig
 
 
-def scheduler_config(section: Any) -> SlurmConfig | None:
-    """The composed ``scheduler`` section, checked: None to run in this process, else the batch job's
+def scheduler_config(section: Any) -> JobConfig | None:
+    """The composed ``scheduler`` section, checked: None to run in this process, else the job's
     settings. ConfigError of one line naming the key."""
     section = dict(section or {"type": "local"})
     kind = section.pop("type", None)
     if kind not in SCHEDULERS:
         raise ConfigError(f"scheduler={kind} is invalid: must be one of {', '.join(SCHEDULERS)}")
-    names = [f.name for f in fields(SlurmConfig)]
+    cls = SCHEDULERS[kind]
+    names = [f.name for f in fields(cls)] if cls else []
     for name in section:
-        if kind == "local" or name not in names:
-            allowed = "none (give scheduler=slurm for a batch job)" if kind == "local" else ", ".join(names)
+        if name not in names:
+            allowed = ", ".join(names) or "none (give scheduler=slurm or scheduler=ray for a job)"
             raise ConfigError(f"scheduler.{name} is not a key of scheduler={kind}: allowed: {allowed}")
-    if kind == "local":
+    if cls is None:
         return None
     try:
-        return SlurmConfig(**section)
+        return cls(**section)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def scheduler_name(cfg: JobConfig) -> str:
+    return "ray" if isinstance(cfg, RayConfig) else "slurm"
+
+
+def check_trainer(cfg: JobConfig, trainer: dict) -> None:
+    """ConfigError for composed trainer settings that the job cannot run."""
+    if isinstance(cfg, RayConfig):
+        ray.check_trainer(trainer)
+
+
+def job_trainer(cfg: JobConfig, trainer: dict) -> dict:
+    """The trainer settings the job's ranks run with (over those of ``trainer``)."""
+    return (ray if isinstance(cfg, RayConfig) else slurm).job_trainer(cfg, trainer)
+
+
+def submit(cfg: JobConfig, overrides: list[str], flags: list[str], tree: dict) -> int:
+    """Start the job of the validated fit ``tree``; the exit code."""
+    return (ray if isinstance(cfg, RayConfig) else slurm).submit(cfg, overrides, flags, tree)

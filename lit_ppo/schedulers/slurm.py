@@ -149,10 +149,11 @@ def script(cfg: SlurmConfig, run_dir: Path, command: list[str], cwd: Path) -> st
     body = f"""
 cd {shlex.quote(str(cwd))}
 export {JOB_RUN_DIR_ENV}={shlex.quote(str(run_dir))}
-# A requeued start continues the run from its last completed iteration.
+# A requeued start continues the run from its last completed iteration (a file, or a directory of
+# shards under trainer=fsdp).
 last={shlex.quote(str(last))}
 resume=()
-if [ -f "$last" ]; then resume=(--ckpt_path "$last"); fi
+if [ -e "$last" ]; then resume=(--ckpt_path "$last"); fi
 srun {shlex.join(command)} "${{resume[@]}}"
 status=$?
 # {REQUEUE_STATUS} = 128 + SIGUSR1: the time limit is near and last.ckpt is written: start the job again.

@@ -89,7 +89,7 @@ def test_validate_is_used_by_run(monkeypatch):
 @pytest.mark.parametrize("args,expected", [
     # a wrong option of any group names that group, not another one on the line
     (["rollout=sglang"], "error: rollout=sglang is invalid: must be one of hf, vllm"),
-    (["trainer=gpu"], "error: trainer=gpu is invalid: must be one of cpu, ddp"),
+    (["trainer=tpu"], "error: trainer=tpu is invalid: must be one of cpu, ddp, fsdp, gpu"),
     (["algo=grpo", "rejection=popice"], "error: rejection=popice is invalid: must be one of icepop, kpop, none"),
     (["data=gsm8k"], "error: data.task_kwargs.train_path is required: give data.task_kwargs.train_path=<value>"),
     (["data=gsm8k", "data.task_kwargs.train_path=nope.jsonl"],
@@ -133,8 +133,9 @@ def test_accelerator_not_on_this_machine(capsys):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    assert "error: trainer.accelerator=gpu is not available on this machine: available: auto, cpu" in error_of(
-        capsys, "trainer.accelerator=gpu")
+    for args in (["trainer.accelerator=gpu"], ["trainer=gpu"]):
+        assert "error: trainer.accelerator=gpu is not available on this machine: available: auto, cpu" in error_of(
+            capsys, *args)
 
 
 def test_ckpt_path_that_is_a_directory(capsys, tmp_path):

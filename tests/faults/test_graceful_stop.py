@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from lit_ppo.checkpoints import read_checkpoint
+
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
 GROUPS = 4  # prompt groups per iteration: the probe is called once per group
@@ -160,16 +162,17 @@ def test_second_sigint_abandons_generation_and_resumes_exactly(uninterrupted, tm
 
 
 @pytest.mark.slow
-def test_sigterm_to_rank_zero_stops_both_ddp_ranks_at_one_boundary(uninterrupted, tmp_path):
+@pytest.mark.parametrize("trainer", ["ddp", "fsdp"])
+def test_sigterm_to_rank_zero_stops_both_ranks_at_one_boundary(uninterrupted, tmp_path, trainer):
     cache, _ = uninterrupted
     work = tmp_path / "run"
-    proc = start(work, cache, "logger=none", "trainer=ddp")
+    proc = start(work, cache, "logger=none", f"trainer={trainer}")
     wait_for_groups(work, proc, 2 * 2 * GROUPS + 1)  # both ranks record their groups: iteration 3 runs
     proc.send_signal(signal.SIGTERM)  # rank 0 only, as `kill <pid>` or `docker stop` would
     code, err = finish(proc)
     assert code == 143, err[-3000:]
-    state = load(last_checkpoint(err, work))
-    assert state["global_step"] == 3
+    # A verified checkpoint (a file under DDP, a distributed directory under FSDP) of iteration 3.
+    assert read_checkpoint(str(last_checkpoint(err, work)))["global_step"] == 3
     # Rank 1 (Lightning's child process, same working directory) ended too instead of waiting in a collective.
     assert not processes_in(work)
 

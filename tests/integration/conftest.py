@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,6 +22,20 @@ def run_cli(args: list[str], cwd: Path, timeout: int = 300, env: dict | None = N
                           timeout=timeout, env=full_env)
 
 
+def wait_for_text(path: Path, text: str, proc: subprocess.Popen, timeout: float = 400) -> None:
+    """Wait until the file ``path`` (a job's log) contains ``text``; fail if ``proc`` ends first or
+    ``timeout`` seconds pass (then ``proc`` is killed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the job ended before {text!r}: {path.read_text()[-3000:] if path.exists() else ''}")
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"no {text!r} within {timeout} s")
+
+
 def run_dir(cwd: Path) -> Path:
     """The directory of the one run made in ``cwd``: runs/<experiment>/<run name>/."""
     (config,) = (cwd / "runs").glob("*/*/config.yaml")
@@ -33,6 +48,30 @@ def cli(tmp_path):
         return run_cli(list(args), tmp_path, timeout, env)
 
     call.cwd = tmp_path
+    return call
+
+
+@pytest.fixture
+def cli_here(cli, capfd, monkeypatch):
+    """``cli``'s command through the same entry point in this process (``python -m lit_ppo`` is
+    ``lit_ppo.__main__.main``), in the same working directory and cache: a CompletedProcess like
+    ``cli``'s, without the seconds of a new interpreter's imports. For tests where one representative
+    of the kind runs in a real subprocess (exit code, stderr as a user sees them, dependency noise)."""
+    from lit_ppo.__main__ import main
+
+    def call(*args: str) -> subprocess.CompletedProcess:
+        monkeypatch.chdir(cli.cwd)
+        monkeypatch.setenv("LIT_PPO_CACHE", str(cli.cwd / "cache"))
+        for key in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # seed_everything's, put back after the test
+            monkeypatch.delenv(key, raising=False)
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # --print_config exits after printing
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        out, err = capfd.readouterr()
+        return subprocess.CompletedProcess([sys.executable, "-m", "lit_ppo", *args], code, out, err)
+
+    call.cwd = cli.cwd
     return call
 
 

@@ -14,8 +14,19 @@ import yaml
 from .conftest import REPO
 
 
+def print_config(capsys, *args: str) -> str:
+    """What ``fit *args --print_config`` prints, in this process (python -m lit_ppo is main)."""
+    from lit_ppo.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:  # --print_config exits after printing
+        main(["fit", *args, "--print_config"])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code in (0, None), err
+    return out
+
+
 @pytest.mark.slow
-def test_print_config_replays_exactly(cli):
+def test_print_config_replays_exactly(cli, capsys, monkeypatch):
     first = cli("fit", "algo=dapo", "model=tiny", "actor.eps_clip_higher=0.3", "+actor.c_clip=3.0",
                 "logger=none", "--print_config")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -26,19 +37,19 @@ def test_print_config_replays_exactly(cli):
     path = cli.cwd / "run.yaml"
     path.write_text(first.stdout)
 
-    second = cli("fit", "--config", str(path), "--print_config")
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert second.stdout == first.stdout
-
-    third = cli("fit", "--config", str(path), "--trainer.max_steps", "7", "--print_config")
-    assert yaml.safe_load(third.stdout)["trainer"]["max_steps"] == 7
+    # The replays in this process: the printing above was a real process's stdout.
+    monkeypatch.chdir(cli.cwd)
+    assert print_config(capsys, "--config", str(path)) == first.stdout
+    third = print_config(capsys, "--config", str(path), "--trainer.max_steps", "7")
+    assert yaml.safe_load(third)["trainer"]["max_steps"] == 7
 
 
 @pytest.mark.slow
-def test_config_yaml_trains(cli):
-    printed = cli("fit", "algo=rloo", "logger=none", "data.batch_size=2", "gconfig.n_samples=2", "--print_config")
+def test_config_yaml_trains(cli, capsys, monkeypatch):
+    monkeypatch.chdir(cli.cwd)
+    printed = print_config(capsys, "algo=rloo", "logger=none", "data.batch_size=2", "gconfig.n_samples=2")
     path = cli.cwd / "run.yaml"
-    path.write_text(printed.stdout)
+    path.write_text(printed)
     result = cli("fit", "--config", str(path), "--trainer.max_steps", "1")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "`Trainer.fit` stopped: `max_steps=1` reached." in result.stderr + result.stdout

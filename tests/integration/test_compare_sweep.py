@@ -1,6 +1,7 @@
-"""``python -m lit_ppo sweep`` and ``compare`` on tiny runs: the one sweep of this module (4 fits of
+"""``python -m lit_ppo sweep`` and ``compare`` on tiny runs: the one real sweep of this module (2 fits of
 2 iterations, tracked in a sqlite store) is checked against MLflow read back independently, and
-the compare tests read its runs; bad input is checked in-process (exit 2, one line)."""
+the compare tests read its runs; the order of a 2 x 2 grid, and bad input, are checked in-process
+(exit 2, one line)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import pytest
 
 from tests.integration.conftest import FAST, run_cli
 
-TRACKED = [arg for arg in FAST if arg != "logger=none"]  # FAST minus logger=none: these runs log to MLflow
+# FAST minus logger=none (these runs log to MLflow), two prompts x two samples per iteration.
+TRACKED = [arg for arg in FAST if not arg.startswith(("logger=", "data.batch_size=", "gconfig.n_samples="))] + [
+    "data.batch_size=2", "gconfig.n_samples=2"]
 MAX_STEPS = int(next(arg.split("=")[1] for arg in FAST if arg.startswith("trainer.max_steps=")))
 COLUMNS = ["run", "algo", "seed", "iterations", "final reward", "best reward", "eval accuracy", "it/s", "kl",
            "clip fraction", "entropy"]
@@ -38,14 +41,16 @@ def history(client, run_id: str, metric: str) -> list[float]:
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
-    """The README-style sweep ``algo=grpo,rloo seed=0,1`` of 2-iteration fits into experiment 'grid'."""
+    """A README-style sweep of 2-iteration fits into experiment 'grid': ``algo=grpo,rloo`` and the one-value
+    sweep ``seed=choice(1)``, so that the table has a swept column besides algo at the cost of two fits
+    (the order of a larger grid is checked in-process, ``test_sweep_runs_the_grid_in_order``)."""
     import mlflow
 
     cwd = tmp_path_factory.mktemp("sweep")
     uri = f"sqlite:///{cwd}/mlflow.db"
     env = {"MLFLOW_TRACKING_URI": uri}
-    result = run_cli(["sweep", "algo=grpo,rloo", "seed=0,1", *TRACKED, "--experiment", "grid"], cwd, timeout=600,
-                     env=env)
+    result = run_cli(["sweep", "algo=grpo,rloo", "seed=choice(1)", *TRACKED, "--experiment", "grid"], cwd,
+                     timeout=600, env=env)
     client = mlflow.MlflowClient(uri)
     experiment = client.get_experiment_by_name("grid")
     runs = client.search_runs([experiment.experiment_id]) if experiment else []
@@ -56,11 +61,9 @@ def swept(tmp_path_factory):
 def test_sweep_runs_every_combination_into_one_experiment(swept):
     assert swept.result.returncode == 0, swept.result.stderr[-3000:]
     progress = [line for line in swept.result.stdout.splitlines() if line.startswith("[")]
-    assert progress == ["[1/4] fit algo=grpo seed=0", "[2/4] fit algo=grpo seed=1", "[3/4] fit algo=rloo seed=0",
-                        "[4/4] fit algo=rloo seed=1"]
-    assert len(swept.runs) == 4
-    assert sorted((r.data.params["algo"], r.data.params["seed"]) for r in swept.runs) == [
-        ("grpo", "0"), ("grpo", "1"), ("rloo", "0"), ("rloo", "1")]
+    assert progress == ["[1/2] fit algo=grpo seed=1", "[2/2] fit algo=rloo seed=1"]
+    assert len(swept.runs) == 2
+    assert sorted((r.data.params["algo"], r.data.params["seed"]) for r in swept.runs) == [("grpo", "1"), ("rloo", "1")]
     assert all(r.data.tags["algo"] == r.data.params["algo"] and r.info.status == "FINISHED" for r in swept.runs)
     assert (swept.cwd / "grid.png").stat().st_size > 10_000
 
@@ -113,7 +116,7 @@ def test_compare_runs_selects_exactly_those_runs(swept, monkeypatch, capsys, tmp
     from lit_ppo.compare import main
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", swept.uri)
-    chosen = swept.runs[:2]
+    chosen = swept.runs[:1]  # one of the two
     assert main(["--runs", *(r.info.run_id for r in chosen), "--output", str(tmp_path / "two.png")]) == 0
     assert sorted(table(capsys.readouterr().out)) == sorted(r.info.run_name for r in chosen)
     assert (tmp_path / "two.png").stat().st_size > 10_000
@@ -181,6 +184,27 @@ def test_sweep_bad_grid_fails_before_anything_runs(monkeypatch, capsys, tmp_path
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
     assert not list(tmp_path.iterdir())
+
+
+def test_sweep_runs_the_grid_in_order(monkeypatch, capsys, tmp_path):
+    """Every combination of a 2 x 2 grid, in BasicSweeper's order (the last key varies fastest), each fit
+    given its values and the fixed overrides, all into the one experiment."""
+    import lit_ppo.sweep as sweep
+
+    started = []
+
+    def fit(overrides: list[str], env: dict, signals) -> tuple[int, None, None]:
+        started.append((overrides, env["MLFLOW_EXPERIMENT_NAME"]))
+        return 0, None, None
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sweep, "run_fit", fit)
+    assert sweep.main(["algo=grpo,rloo", "seed=0,1", "trainer.max_steps=2", "--experiment", "grid"]) == 0
+    assert started == [([f"algo={algo}", f"seed={seed}", "trainer.max_steps=2"], "grid")
+                       for algo in ("grpo", "rloo") for seed in ("0", "1")]
+    progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert progress == ["[1/4] fit algo=grpo seed=0", "[2/4] fit algo=grpo seed=1", "[3/4] fit algo=rloo seed=0",
+                        "[4/4] fit algo=rloo seed=1"]
 
 
 def test_sweep_runs_the_rest_after_a_failure_and_exits_1_naming_it(monkeypatch, capsys, tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.conftest import run_cli, run_dir
+from tests.integration.conftest import run_cli
 
 pytestmark = pytest.mark.slow
 EXPORT_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
@@ -20,14 +20,16 @@ EXPORT_FILES = {"config.json", "generation_config.json", "model.safetensors", "t
 PROMPT = torch.tensor([[2, 6, 7, 10, 8, 1, 3]])
 
 
+DEMO_ITERATIONS = 100
+"""Iterations of the README demo, ``python -m lit_ppo fit algo=grpo`` (the cpu trainer preset)."""
+
+
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    """The run directory of one iteration of GRPO on the tiny model, tracked in ``sqlite:///mlflow.db``."""
-    cwd = tmp_path_factory.mktemp("export")
-    result = run_cli(["fit", "trainer.max_steps=1", "data.batch_size=2", "gconfig.n_samples=2", "eval.max_problems=4"],
-                     cwd)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir(cwd)
+def trained(demo_run) -> Path:
+    """The run directory of the shared demo run (tests/integration/conftest.py): GRPO on the tiny model,
+    tracked in ``<cwd>/mlflow.db``, its fit-end export in ``model/``. Nothing here writes into it."""
+    assert demo_run.dir.parents[2] == demo_run.cwd
+    return demo_run.dir
 
 
 def _export(trained: Path, output: Path, *flags: str) -> subprocess.CompletedProcess:
@@ -52,7 +54,7 @@ def test_export_loads_in_transformers_with_the_checkpoint_weights(trained, tmp_p
     assert {p.name for p in output.iterdir()} == EXPORT_FILES
     monkeypatch.setenv("LIT_PPO_CACHE", str(trained.parents[2] / "cache"))
     module = LitPPO.load_from_checkpoint(trained / "checkpoints" / "last.ckpt")
-    assert module.version == 1 and module.algo == "grpo" and module.model_cfg.source == "tiny"
+    assert module.version == DEMO_ITERATIONS and module.algo == "grpo" and module.model_cfg.source == "tiny"
     with torch.no_grad():
         expected = module.policy.eval()(PROMPT).logits
     assert torch.equal(_logits(output), expected)
@@ -71,7 +73,7 @@ def test_fit_end_export_is_an_mlflow_artifact(trained):
     assert {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "model")} == EXPORT_FILES
 
 
-def test_export_refuses_bad_input_in_one_line(trained, tmp_path):
+def test_export_refuses_bad_input_in_one_line(trained, tmp_path, capsys):
     output = tmp_path / "taken"
     output.mkdir()
     (output / "notes.txt").write_text("mine")
@@ -83,12 +85,18 @@ def test_export_refuses_bad_input_in_one_line(trained, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert {p.name for p in output.iterdir()} == EXPORT_FILES
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
+    # The other two refusals through the same entry point in this process (python -m lit_ppo is main;
+    # the refusal above ran in a real one).
+    from lit_ppo.__main__ import main
+
     absent = tmp_path / "no.ckpt"
-    missing = run_cli(["export", "--ckpt_path", str(absent), "--output", str(tmp_path / "x")], tmp_path)
-    assert missing.returncode == 2 and missing.stderr.strip() == f"error: --ckpt_path {absent}: no such file"
-    usage = run_cli(["export", "--output", str(tmp_path / "x")], tmp_path)
-    assert usage.returncode == 2 and len(usage.stderr.strip().splitlines()) == 1
-    assert "--ckpt_path" in usage.stderr and "Traceback" not in usage.stderr
+    assert main(["export", "--ckpt_path", str(absent), "--output", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: --ckpt_path {absent}: no such file"
+    assert main(["export", "--output", str(tmp_path / "x")]) == 2
+    usage = capsys.readouterr().err
+    assert len(usage.strip().splitlines()) == 1
+    assert "--ckpt_path" in usage and "Traceback" not in usage
+    assert not (tmp_path / "x").exists()
 
 
 VLLM_SCRIPT = """

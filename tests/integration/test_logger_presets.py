@@ -32,7 +32,9 @@ def test_tensorboard_writes_every_iteration_into_the_run_directory(cli):
 
 
 @pytest.mark.slow
-def test_csv_writes_every_iteration_into_the_run_directory(cli):
+def test_csv_writes_every_iteration_into_the_run_directory(cli_here):
+    # In this process (the tensorboard fit above is the real subprocess of this kind).
+    cli = cli_here
     result = cli("fit", "logger=csv", *TWO)
     assert result.returncode == 0, result.stderr[-3000:]
     with open(run_dir(cli.cwd) / "csv" / "version_0" / "metrics.csv", newline="") as f:

@@ -13,6 +13,7 @@ import yaml
 
 from lit_ppo.cli import conf_dir, group_options, validate
 
+from ..conftest import with_smollm2
 from .conftest import REPO, run_cli
 from .test_bring_your_own import user_dir
 
@@ -25,8 +26,14 @@ GROUPS = sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and not p.nam
 
 @pytest.mark.parametrize("override", [f"{g}={o}" for g in GROUPS for o in group_options(g)])
 def test_every_group_option_prints_a_config_that_validates(override, capsys):
+    import torch
+
     from lit_ppo.__main__ import main
 
+    if override == "trainer=gpu" and not torch.cuda.is_available():  # validating it is finding no GPU
+        assert main(["fit", override, "--print_config"]) == 2
+        assert "error: trainer.accelerator=gpu is not available on this machine" in capsys.readouterr().err
+        return
     with pytest.raises(SystemExit) as exit_info:  # --print_config exits after printing
         main(["fit", override, *REQUIRED.get(override, []), "--print_config"])
     out, err = capsys.readouterr()
@@ -55,8 +62,9 @@ SHRINK = ["trainer.max_steps=1", "data.batch_size=2", "gconfig.n_samples=2", "gc
 at the smallest scale."""
 
 
-def as_test_command(command: str, work) -> tuple[list[str], str | None]:
-    """The README command as arguments of ``python -m lit_ppo`` (shrunk), and a file for its stdout."""
+def as_test_command(command: str, work, made: str | None = None) -> tuple[list[str], str | None]:
+    """The README command as arguments of ``python -m lit_ppo`` (shrunk), and a file for its stdout;
+    ``made``: the run directory that a ``--ckpt_path`` command's ``runs/lit_ppo/<run>`` stands for."""
     words = shlex.split(command)
     assert words[:3] == ["python", "-m", "lit_ppo"], command
     args, stdout_to = words[3:], None
@@ -71,9 +79,8 @@ def as_test_command(command: str, work) -> tuple[list[str], str | None]:
     if "--ckpt_path" in args:
         i = args.index("--ckpt_path") + 1
         assert re.fullmatch(r"runs/[^/]+/<run>/checkpoints/last\.ckpt", args[i]), "the README's resume path changed"
-        made = run_cli(["fit", "algo=grpo", *SHRINK], work, timeout=600, env=_env(work))  # the run it resumes
-        assert made.returncode == 0, made.stderr[-3000:]
-        args[i] = re.search(r"run directory: (\S+)", made.stderr).group(1) + "/checkpoints/last.ckpt"
+        assert made is not None, command
+        args[i] = made + "/checkpoints/last.ckpt"
         if "trainer.max_steps=1" in args:
             args[args.index("trainer.max_steps=1")] = "trainer.max_steps=2"  # one iteration past the checkpoint
     return args, stdout_to
@@ -85,6 +92,16 @@ def work(tmp_path_factory):
     path = tmp_path_factory.mktemp("readme")
     user_dir(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def made(work) -> str:
+    """The run directory of the run that the README's --ckpt_path commands (resume, validate, export)
+    start from: one shrunk GRPO iteration, made once for the three. The resume goes on from its
+    last.ckpt (one iteration more, in the same run); validate and export only read the checkpoint."""
+    result = run_cli(["fit", "algo=grpo", *SHRINK], work, timeout=600, env=_env(work))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return re.search(r"run directory: (\S+)", result.stderr).group(1)
 
 
 def _env(work) -> dict:
@@ -99,10 +116,13 @@ def _needs(command: str) -> str | None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS)
-def test_readme_command_runs(command, work):
+def test_readme_command_runs(command, work, request):
     if _needs(command):
         pytest.skip(_needs(command))
-    args, stdout_to = as_test_command(command, work)
+    if "model=smollm2" in command:  # the session's one conversion, not one more (tests/conftest.py)
+        with_smollm2(request.getfixturevalue("smollm2_cache"), work / "cache")
+    made = request.getfixturevalue("made") if "--ckpt_path" in command else None
+    args, stdout_to = as_test_command(command, work, made)
     result = run_cli(args, work, timeout=900, env=_env(work))
     assert result.returncode == 0, f"{args}\n{result.stderr[-3000:]}"
     if stdout_to:

@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import torch
 import lit_ppo.cli as cli_module
 from lit_ppo.__main__ import main
 
-from .conftest import FAST, REPO
+from .conftest import FAST, REPO, wait_for_text
 
 SRUN = """#!/bin/bash
 # srun inside a batch job: SLURM_JOB_NUM_NODES x SLURM_NTASKS_PER_NODE tasks of "$@", here all local.
@@ -70,6 +69,7 @@ def test_script_has_the_allocation_and_the_same_fit(tmp_path, monkeypatch, capsy
                     f"\"${{resume[@]}}\"")
     assert f"export LIT_PPO_JOB_RUN_DIR={run_dir}\n" in text and f"cd {tmp_path}\n" in text
     assert f"last={run_dir}/checkpoints/last.ckpt\n" in text
+    assert 'if [ -e "$last" ]; then resume=(--ckpt_path "$last"); fi\n' in text  # FSDP's last.ckpt is a directory
     assert 'if [ "$status" -eq 138 ]; then scontrol requeue "$SLURM_JOB_ID"; fi' in text
 
 
@@ -115,7 +115,7 @@ def test_submits_with_sbatch_and_prints_the_job_id(tmp_path, monkeypatch, capsys
     (["scheduler=slurm", "scheduler.dry_run=maybe"], "scheduler.dry_run='maybe' is invalid: must be true or false"),
     (["scheduler=slurm", "scheduler.node=2"], "scheduler.node is not a key (did you mean scheduler.nodes?)"),
     (["scheduler.nodes=2"], "scheduler.nodes is not a key of scheduler=local"),
-    (["scheduler=pbs"], "scheduler=pbs is invalid: must be one of local, slurm"),
+    (["scheduler=pbs"], "scheduler=pbs is invalid: must be one of local, ray, slurm"),
     (["scheduler=slurm"], "scheduler=slurm: sbatch is not on PATH"),
     (["scheduler=slurm", "--ckpt_path", "last"], "--ckpt_path is not supported with scheduler=slurm"),
     (["scheduler=slurm", "actor.eps_clip=-1"], "actor.eps_clip=-1 is invalid: must be a finite number >= 0.0"),
@@ -139,18 +139,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and text in path.read_text():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"the job ended before {text!r}: {path.read_text()[-3000:]}")
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError(f"no {text!r} within {timeout} s")
 
 
 @pytest.mark.slow
@@ -180,7 +168,7 @@ def test_job_trains_on_two_ranks_in_one_run_dir_and_is_requeued_on_sigusr1(tmp_p
         return subprocess.Popen(["bash", str(script)], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
     job = start_job()
-    _wait_for(log, "iteration 1", job)  # training runs: Slurm's warning before the time limit arrives
+    wait_for_text(log, "iteration 1", job)  # training runs: Slurm's warning before the time limit arrives
     for pid in (tmp_path / "pids").read_text().split():
         os.kill(int(pid), signal.SIGUSR1)
     assert job.wait(timeout=240) == 138, log.read_text()[-3000:]

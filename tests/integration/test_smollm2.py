@@ -14,11 +14,12 @@ from lit_ppo.sampling import sampling_logprobs
 
 
 @pytest.mark.slow
-def test_smollm2_converts_once_and_generates(tmp_path, monkeypatch):
-    start = time.perf_counter()
-    model, tok = load_causal_lm("smollm2", tmp_path)
-    converted = time.perf_counter() - start
-    (entry,) = tmp_path.iterdir()  # one published entry, no temporary directory left
+def test_smollm2_converts_once_and_generates(smollm2_cache, monkeypatch):
+    # The session's one conversion (tests/conftest.py): load_causal_lm("smollm2", cache) into an
+    # empty directory, shared with the other SmolLM2 tests instead of converting again for each.
+    cache, converted = smollm2_cache.cache, smollm2_cache.seconds
+    (entry,) = cache.iterdir()  # one published entry, no temporary directory left
+    assert entry.name == "smollm2-135m-instruct-q4_1"
     assert (entry / "model.safetensors").is_file() and (entry / "tokenizer.json").is_file()
 
     def no_conversion(_out):
@@ -26,7 +27,7 @@ def test_smollm2_converts_once_and_generates(tmp_path, monkeypatch):
 
     monkeypatch.setattr(models, "_convert_smollm2", no_conversion)
     start = time.perf_counter()
-    model, tok = load_causal_lm("smollm2", tmp_path)
+    model, tok = load_causal_lm("smollm2", cache)
     loaded = time.perf_counter() - start
     print(f"smollm2: convert {converted:.1f}s, load {loaded:.1f}s")
 

@@ -1,6 +1,6 @@
-"""One RL iteration on fixed rollout groups, in one process or as one rank of a 2-rank DDP run.
+"""One RL iteration on fixed rollout groups, in one process or as one rank of a 2-rank DDP / FSDP2 run.
 
-``python -m tests.integration.world_size_run BATCH OUT --devices N --mb_max_tokens M --groups SPEC``
+``python -m tests.integration.world_size_run BATCH OUT --devices N --strategy ddp|fsdp --mb_max_tokens M --groups SPEC``
 trains LitPPO for one iteration on the groups of the saved RolloutBatch ``BATCH``: with one device on
 all of them, with N devices rank r on the groups SPEC assigns it (``even``: groups r, r+N, ...;
 ``0:1,2,3|1:4`` style lists name them per rank). Rank 0 writes the updated policy weights, AdamW's
@@ -16,6 +16,7 @@ import torch
 
 from lit_ppo.config import EvalConfig, GenerationConfig, PPOActorConfig
 from lit_ppo.data import RolloutDataModule
+from lit_ppo.fsdp import FSDP2Strategy, full_tensor
 from lit_ppo.module import LitPPO, ModelConfig
 from lit_ppo.rollout.batch import RolloutBatch
 
@@ -53,6 +54,7 @@ def main() -> None:
     parser.add_argument("batch")
     parser.add_argument("out")
     parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp")
     parser.add_argument("--mb_max_tokens", type=int, default=16384)
     parser.add_argument("--minibatches", type=int, default=1)
     parser.add_argument("--groups", default="even")
@@ -69,17 +71,20 @@ def main() -> None:
     data = FixedGroups(args.batch, args.groups, gconfig=GenerationConfig(n_samples=4, max_new_tokens=4,
                                                                          restrict_to_task_tokens=True),
                        eval=EvalConfig(max_problems=0))
-    trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
+    strategy = "auto" if args.devices == 1 else FSDP2Strategy() if args.strategy == "fsdp" else "ddp"
+    trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy,
                         max_steps=1, max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
                         enable_checkpointing=False, limit_val_batches=0)
     trainer.fit(module, datamodule=data)
+    # Sharded tensors are gathered whole (a collective: every rank takes part).
+    optimizer = module.optimizers().optimizer
+    moments = {name: full_tensor(optimizer.state[p]["exp_avg"]).clone() for name, p in module.policy.named_parameters()
+               if p in optimizer.state}
+    weights = {k: full_tensor(v).clone() for k, v in module.policy.state_dict().items()}
     if trainer.is_global_zero:
-        optimizer = module.optimizers().optimizer
-        moments = {name: optimizer.state[p]["exp_avg"].clone() for name, p in module.policy.named_parameters()
-                   if p in optimizer.state}
-        torch.save({"weights": {k: v.clone() for k, v in module.policy.state_dict().items()}, "exp_avg": moments,
+        torch.save({"weights": weights, "exp_avg": moments,
                     "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
-                    "steps": trainer.global_step}, args.out)
+                    "steps": trainer.global_step, "sharded": module.sharded}, args.out)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,39 @@
+"""The CUDA paths of the trainer presets, run on a machine with NVIDIA GPUs (`pytest tests/gpu`);
+skipped where there is none. One GPU in bf16-mixed with each engine (vLLM sleeping during the
+update), and DDP / FSDP2 over NCCL on every visible GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from tests.integration.conftest import FAST, run_cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+# bf16 alone gives behaviour / trainer log-prob gaps of 1e-3 to 1e-2 (rollout.max_logp_gap is for fp32).
+BF16 = ["rollout.max_logp_gap=0.05"]
+
+
+def fit(tmp_path, *args: str):
+    result = run_cli(["fit", "algo=grpo", *FAST, *BF16, *args], tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "`Trainer.fit` stopped: `max_steps=2` reached." in result.stderr + result.stdout
+    return result
+
+
+def test_one_gpu_in_bf16_mixed(tmp_path):
+    fit(tmp_path, "trainer=gpu")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="rollout=vllm needs vllm")
+def test_one_gpu_with_a_vllm_engine_that_sleeps_during_the_update(tmp_path):
+    fit(tmp_path, "trainer=gpu", "rollout=vllm")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("trainer", ["ddp", "fsdp"])
+def test_every_visible_gpu_over_nccl(tmp_path, trainer):
+    result = fit(tmp_path, f"trainer={trainer}")
+    assert f"MEMBER: {torch.cuda.device_count()}/{torch.cuda.device_count()}" in result.stdout + result.stderr
