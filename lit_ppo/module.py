@@ -69,8 +69,9 @@ class ModelConfig:
     lora_alpha: float = 16.0
     """LoRA scaling numerator: an adapter adds ``lora_alpha / lora_rank * B @ A`` to its layer's weight."""
     lora_dropout: float = 0.0
-    """Dropout on the adapters' input in the trainer's forward passes, in [0, 1); the merged weights that
-    engines and exports get have none. Above 0 the trainer's log-probs differ from the engine's."""
+    """Dropout on the adapters' input in the update's forward passes, in [0, 1). The old log-probs are
+    then recomputed without it (as with actor.recompute_logprob: one more forward pass per iteration),
+    and neither engines nor exports have it."""
     lora_target_modules: str | list[str] = "all-linear"
     """Layers that get adapters, as peft's ``target_modules``: 'all-linear' (every linear layer but the
     LM head), a list of module names (e.g. [q_proj, v_proj]) or a regex matched against full module
@@ -369,7 +370,18 @@ class LitPPO(L.LightningModule):
     @torch.no_grad()
     def _no_grad_pass(self, fn, batch: RolloutBatch, max_tokens: int) -> list[torch.Tensor]:
         """Apply ``fn(sub_batch)`` micro-batch by micro-batch; stitch its ``[b, t]`` / ``[b]`` outputs
-        back into ``[B, T]`` / ``[B]`` tensors (sub-batches are trimmed to their longest row)."""
+        back into ``[B, T]`` / ``[B]`` tensors (sub-batches are trimmed to their longest row). The
+        models run in eval mode (no dropout): old log-probs and values are what the engine computes."""
+        modes = [(m, m.training) for m in (self.policy, self.critic) if m is not None]
+        for model, _ in modes:
+            model.eval()
+        try:
+            return self._stitched_passes(fn, batch, max_tokens)
+        finally:
+            for model, training in modes:
+                model.train(training)
+
+    def _stitched_passes(self, fn, batch: RolloutBatch, max_tokens: int) -> list[torch.Tensor]:
         B, T = batch.input_ids.shape
         lengths = batch.attention_mask.sum(1).tolist()
         outputs: list[torch.Tensor] = []
@@ -411,7 +423,9 @@ class LitPPO(L.LightningModule):
         cfg = self.actor_cfg
         mask = batch.loss_mask
 
-        needs_prox = cfg.recompute_logprob or cfg.use_decoupled_loss
+        # With dropout (model.lora_dropout) the update's own forward is noisy: the old log-probs and the
+        # engine check come from a pass without it.
+        needs_prox = cfg.recompute_logprob or cfg.use_decoupled_loss or self.model_cfg.lora_dropout > 0
         if needs_prox:
             (prox_logp,) = self._no_grad_pass(lambda b: self._logprobs(self.policy, b)[0], batch, cfg.mb_max_tokens)
             metrics["mismatch/logp_abs_diff"] = float(((prox_logp - batch.behave_logp).abs() * mask).sum()

@@ -112,3 +112,17 @@ def test_resuming_without_the_lora_settings_is_refused_in_one_line(trained, cli_
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr[-3000:]
     assert ("was made with a different run: model.lora_rank (8 in the checkpoint, absent in this run); "
             "model.lora_alpha (16.0 in the checkpoint, absent in this run)") in result.stderr
+
+
+def test_lora_dropout_applies_to_the_update_only(tmp_path):
+    from tests.integration.test_training import fit, make
+
+    module, data = make(tmp_path)
+    torch.manual_seed(0)
+    module = type(module)({**module.hparams["model"], "lora_rank": 4, "lora_dropout": 0.2}, module.actor_cfg,
+                          algo="test")
+    _, rec = fit(module, data, tmp_path, max_steps=2)
+    # The old log-probs come from a pass without dropout, equal to the engine's (merged weights, no dropout)...
+    assert all(m["mismatch/logp_abs_diff"] < 1e-4 for m in rec.metrics)
+    # ...while the update's own forward has it: its ratio to them is not 1 even on-policy.
+    assert any(abs(m["actor/importance_weight_mean"] - 1) > 1e-4 for m in rec.metrics)
