@@ -293,21 +293,27 @@ def _read_meta(path: str) -> tuple[dict | None, str | None]:
     return meta, None
 
 
-def distributed_checkpoint_problem(path: str | os.PathLike) -> str | None:
-    """Why the distributed checkpoint directory ``path`` must not be used (unreadable or corrupted
-    ``meta.pt``, a shard file missing or differing from its digest), or None."""
+def _verified_meta(path: str | os.PathLike) -> tuple[dict | None, str | None]:
+    """``(meta.pt content, None)`` of a distributed checkpoint directory whose files all match their
+    digests, or ``(None, problem)``."""
     meta, problem = _read_meta(os.fspath(path))
     if problem is not None:
-        return problem
+        return None, problem
     for name, digest in meta[SHARDS_KEY].items():
         shard = os.path.join(path, name)
         if not os.path.isfile(shard):
-            return f"is incomplete: shard file {name} is missing"
+            return None, f"is incomplete: shard file {name} is missing"
         if not os.access(shard, os.R_OK):
-            return f"is not readable ({name}: permission denied)"
+            return None, f"is not readable ({name}: permission denied)"
         if file_sha256(shard) != digest:
-            return f"shard file {name} does not match its digest (it was corrupted after it was written)"
-    return None
+            return None, f"shard file {name} does not match its digest (it was corrupted after it was written)"
+    return meta, None
+
+
+def distributed_checkpoint_problem(path: str | os.PathLike) -> str | None:
+    """Why the distributed checkpoint directory ``path`` must not be used (unreadable or corrupted
+    ``meta.pt``, a shard file missing or differing from its digest), or None."""
+    return _verified_meta(path)[1]
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -480,10 +486,10 @@ def read_checkpoint(ckpt_path: str) -> dict:
                              f"{os.path.join(directory, aside[-1])} (rename it to {name} to use it)")
         raise ValueError(f"{where}: no such file")
     if is_distributed_checkpoint(path):
-        problem = distributed_checkpoint_problem(path)
+        meta, problem = _verified_meta(path)
         if problem is not None:
             raise ValueError(f"{where}: {problem}")
-        return _read_meta(path)[0]
+        return meta
     if os.path.isdir(path):
         raise ValueError(f"{where}: is a directory, must be a checkpoint file (e.g. .../checkpoints/last.ckpt) "
                          f"or a distributed checkpoint directory (with a {DISTRIBUTED_META})")

@@ -111,8 +111,8 @@ def model_from_weights(config, weights, dtype: torch.dtype, generation_config=No
         with torch.no_grad():
             params[name].copy_(tensor)
         loaded.add(name)
-    aliases = {name for name, p in params.items() if any(p is params[other] for other in loaded)}
-    missing = sorted(set(params) - loaded - aliases)
+    filled = {id(params[name]) for name in loaded}  # a tied weight is filled under any of its names
+    missing = sorted(name for name, p in params.items() if id(p) not in filled)
     if missing:
         raise KeyError(f"no weight given for {missing[0]} (and {len(missing) - 1} more)")
     if generation_config is not None:
