@@ -9,13 +9,20 @@ import lightning as L
 
 class WeightSync(L.Callback):
     """After each update, stream the policy's named parameters into the engine (version += 1 there
-    too), so the next batch is sampled by the weights just trained. Added by LitPPO itself."""
+    too), so the next batch is sampled by the weights just trained; then let an asynchronous
+    producer (rollout.max_head_offpolicyness > 0) go on. Added by LitPPO itself."""
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        engine = getattr(trainer.datamodule, "engine", None)
-        if engine is None or engine.version == pl_module.version:
-            return  # no update happened this step (every group filtered out)
-        start = time.perf_counter()
-        engine.wake()
-        engine.update_weights(pl_module.engine_weights(), version=pl_module.version)
-        pl_module.log("time/sync_s", time.perf_counter() - start, on_step=True, on_epoch=False, batch_size=1)
+        datamodule = trainer.datamodule
+        engine = getattr(datamodule, "engine", None)
+        if engine is not None and engine.version != pl_module.version:  # else no update happened this step
+            start = time.perf_counter()
+            engine.wake()
+            engine.update_weights(pl_module.engine_weights(), version=pl_module.version)
+            pl_module.log("time/sync_s", time.perf_counter() - start, on_step=True, on_epoch=False, batch_size=1)
+        if hasattr(datamodule, "iteration_done"):
+            datamodule.iteration_done()
+
+    def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
+        if hasattr(trainer.datamodule, "stop_producer"):
+            trainer.datamodule.stop_producer(wait=False)  # the process is ending: no batch is awaited

@@ -31,6 +31,7 @@ from lit_ppo.data import RolloutDataModule
 from lit_ppo.errors import RunStopped
 from lit_ppo.models import MODEL_SOURCES, model_dir_problem
 from lit_ppo.module import LitPPO, ModelConfig
+from lit_ppo.rollout.producer import decoupled_loss_problem
 from lit_ppo.rollout.workflows import task_name
 from lit_ppo import schedulers
 from lit_ppo.schedulers import scheduler_config
@@ -50,6 +51,8 @@ HYDRA_TO_LIGHTNING = {
     "logger": ("trainer", "logger"),
     "seed": ("seed_everything",),
 }
+ROLLOUT_KEYS = ("engine", "engine_kwargs", "max_logp_gap", "max_head_offpolicyness", "num_threads", "devices")
+"""The rollout group's keys: RolloutDataModule arguments under their own names (rollout.engine -> data.engine)."""
 EVALUATING = ("validate", "test")
 """Subcommands that score the test split of a trained (or the untrained) model (lit_ppo.evaluation)."""
 
@@ -98,7 +101,7 @@ def _known_keys() -> dict[str, list[str]]:
             "gconfig": [f.name for f in fields(GenerationConfig)], "model": [f.name for f in fields(ModelConfig)],
             "eval": [f.name for f in fields(EvalConfig)],
             "data": list(inspect.signature(RolloutDataModule.__init__).parameters)[1:],
-            "rollout": ["engine", "engine_kwargs", "max_logp_gap"],
+            "rollout": list(ROLLOUT_KEYS),
             "scheduler": [f.name for cls in (schedulers.SlurmConfig, schedulers.RayConfig) for f in fields(cls)],
             "trainer": list(inspect.signature(__import__("lightning").Trainer.__init__).parameters)[1:]}
 
@@ -206,8 +209,9 @@ def to_lightning_tree(hydra_tree: dict) -> dict:
         else:
             node[leaf] = value
     for key, value in rollout.items():
-        if key not in ("engine", "engine_kwargs", "max_logp_gap"):
-            raise ConfigError(f"rollout.{key} is not a key: must be one of engine, engine_kwargs, max_logp_gap")
+        if key not in ROLLOUT_KEYS:
+            raise ConfigError(f"rollout.{key} is not a key{_suggest(f'rollout.{key}')}: must be one of "
+                              f"{', '.join(ROLLOUT_KEYS)}")
         out["data"][key] = value
     return out
 
@@ -267,6 +271,9 @@ def validate(tree: dict, subcommand: str = "fit") -> None:
         raise ConfigError(f"{subcommand}: task {task_name(datamodule.task)!r} has no test problems to score "
                           f"(eval.max_problems={datamodule.eval.max_problems}; a dataset task takes "
                           f"data.task_kwargs.test_path or test_fraction)")
+    problem = decoupled_loss_problem(datamodule.max_head_offpolicyness, actor.use_decoupled_loss)
+    if problem:
+        raise ConfigError(problem)
     if actor.temperature != gconfig.temperature:
         raise ConfigError(f"actor.temperature={actor.temperature} must equal gconfig.temperature="
                           f"{gconfig.temperature}: the trainer recomputes log-probs under the sampling distribution")

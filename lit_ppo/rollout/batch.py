@@ -88,6 +88,13 @@ class RolloutBatch:
                 for name in ("prompts", "completions")}
         return RolloutBatch(**picked, group_sizes=torch.ones(len(rows), dtype=torch.long), **text)
 
+    def select_groups(self, groups: list[int]) -> "RolloutBatch":
+        """The rows of the given prompt groups, in that order, groups kept, trimmed to their longest row."""
+        starts = [0, *self.group_sizes.cumsum(0).tolist()]
+        picked = self.select([r for g in groups for r in range(starts[g], starts[g + 1])])
+        picked.group_sizes = self.group_sizes[torch.as_tensor(groups, dtype=torch.long)]
+        return picked
+
     @staticmethod
     def concat(batches: list["RolloutBatch"], pad_id: int) -> "RolloutBatch":
         """Rows of all batches in order, right-padded to the widest; groups are kept."""

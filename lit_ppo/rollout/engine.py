@@ -46,6 +46,8 @@ class Completion:
     """Behaviour log-prob of each generated token under the sampling distribution."""
     stopped: bool
     """True if the completion ended with a stop token; False if it hit max_new_tokens."""
+    version: int
+    """Policy version of the weights that sampled it (the engine's ``version`` during the call)."""
 
 
 @runtime_checkable
@@ -54,7 +56,7 @@ class RolloutEngine(Protocol):
     """Policy version of the weights the engine samples with."""
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        """``params.n`` completions for each prompt, in prompt order."""
+        """``params.n`` completions for each prompt, in prompt order, each tagged with ``version``."""
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load the policy's named parameters (streamed) and set ``version``."""

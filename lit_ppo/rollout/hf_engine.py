@@ -139,7 +139,7 @@ class HFEngine:
 
         tokens, logprobs, lengths, stopped = tokens.cpu(), logprobs.cpu(), lengths.tolist(), stopped.tolist()
         return [Completion(token_ids=tokens[r, :lengths[r]].tolist(), logprobs=logprobs[r, :lengths[r]].tolist(),
-                           stopped=stopped[r]) for r in range(B)]
+                           stopped=stopped[r], version=self.version) for r in range(B)]
 
     # ------------------------------------------------------------------ weights and memory
     @torch.no_grad()

@@ -182,7 +182,8 @@ class VLLMEngine:
             for sample in out.outputs:
                 tokens = list(sample.token_ids)
                 logprobs = [entry[token].logprob for token, entry in zip(tokens, sample.logprobs)]
-                group.append(Completion(token_ids=tokens, logprobs=logprobs, stopped=sample.finish_reason == "stop"))
+                group.append(Completion(token_ids=tokens, logprobs=logprobs, stopped=sample.finish_reason == "stop",
+                                        version=self.version))
             result.append(group)
         return result
 

@@ -61,12 +61,12 @@ class Episode:
         """Append tokens the policy did not generate (prompt, tool output, user turn)."""
         self.segments.append(Segment(list(token_ids)))
 
-    def add_generation(self, completion: Completion, version: int) -> None:
-        """Append a policy completion (one assistant turn) sampled with weights of ``version``."""
+    def add_generation(self, completion: Completion) -> None:
+        """Append a policy completion (one assistant turn), with the version that sampled it."""
         if len(completion.logprobs) != len(completion.token_ids):
             raise ValueError(f"completion has {len(completion.token_ids)} tokens but "
                              f"{len(completion.logprobs)} log-probs")
-        self.segments.append(Segment(list(completion.token_ids), list(completion.logprobs), version))
+        self.segments.append(Segment(list(completion.token_ids), list(completion.logprobs), completion.version))
         self.truncated = not completion.stopped
 
 
@@ -201,7 +201,6 @@ class SingleTurnWorkflow:
         """
         params = self.params if seed is None else replace(self.params, seed=seed)
         prompts = [self.prompt_ids(p) for p in problems]
-        version = engine.version  # the weights this call samples with (read before any later push)
         groups = engine.generate(prompts, params)
         episodes = []
         for problem, prompt, completions in zip(problems, prompts, groups, strict=True):
@@ -214,7 +213,7 @@ class SingleTurnWorkflow:
                                         on_invalid=self.on_invalid_reward)
                 episode = Episode(prompt=problem.prompt, completion=text, reward=reward)
                 episode.add_context(prompt)
-                episode.add_generation(completion, version)
+                episode.add_generation(completion)
                 episodes.append(episode)
         return episodes_to_batch(episodes, [params.n] * len(problems), self.pad_id)
 
@@ -395,7 +394,6 @@ class MultiTurnWorkflow:
             if not running:
                 break
             params = replace(self.params, n=1, seed=turn_seed(base_seed, turn))
-            version = engine.version  # the weights this turn samples with
             outputs = engine.generate([s.token_ids for s in running], params)
             if len(outputs) != len(running):
                 raise ValueError(f"engine returned completions for {len(outputs)} prompts, expected {len(running)}")
@@ -403,7 +401,7 @@ class MultiTurnWorkflow:
                 if len(completions) != 1:
                     raise ValueError(f"engine returned {len(completions)} completions for a prompt, expected n=1")
                 completion = completions[0]
-                state.episode.add_generation(completion, version)
+                state.episode.add_generation(completion)
                 state.token_ids += completion.token_ids
                 state.turns += 1
                 text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)

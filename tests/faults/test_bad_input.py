@@ -35,6 +35,15 @@ def error_of(capsys, *args: str) -> str:
     (["+actor.gae_lambda=no.such.module.fn"], "gae_lambda='no.such.module.fn' cannot be imported"),
     (["gconfig.temperature=0.7"], "actor.temperature=1.0 must equal gconfig.temperature=0.7"),
     (["data.batch_size=0"], "data.batch_size=0 is invalid: must be a positive integer"),
+    (["rollout.max_head_offpolicyness=2"], "rollout.max_head_offpolicyness=2 trains on samples up to 2 policy versions "
+     "old, which needs the decoupled loss: set actor.use_decoupled_loss=true"),
+    (["algo=icepop", "rollout.max_head_offpolicyness=-1"],
+     "rollout.max_head_offpolicyness=-1 is invalid: must be an integer >= 0 (0: synchronous)"),
+    (["algo=icepop", "rollout.num_threads=0"], "rollout.num_threads=0 is invalid: must be a positive integer or null"),
+    (["rollout.devices=[0]"], "rollout.devices=[0]: this machine has 0 CUDA device(s)"),
+    (["rollout=vllm", "rollout.devices=[0]"], "rollout.devices needs rollout=hf: the vllm engine shares its rank's device"),
+    (["rollout.max_head_offpolicynes=1"], "rollout.max_head_offpolicynes is not a key (did you mean "
+     "rollout.max_head_offpolicyness?)"),
     (["+data.bach_size=3"], "data.bach_size is not a key (did you mean data.batch_size?)"),
     (["trainer.max_stpes=3"], "did you mean trainer.max_steps"),
     (["model=nope"], "model=nope is invalid: must be one of smollm2, tiny"),

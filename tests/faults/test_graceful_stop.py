@@ -112,6 +112,29 @@ def uninterrupted(tmp_path_factory) -> tuple[Path, dict]:
 
 
 @pytest.mark.slow
+def test_sigterm_during_asynchronous_rollouts_resumes_exactly(tmp_path):
+    """k=1: the producer generates the next batch while the trainer trains. SIGTERM stops at an
+    iteration boundary; last.ckpt holds the queue (or rewinds the batch in progress), and the resume
+    ends with the uninterrupted run's weights, optimizer state and stream position."""
+    cache = tmp_path / "cache"
+    extra = ["algo=icepop", "rollout.max_head_offpolicyness=1", "logger=none"]
+    code, err = finish(start(tmp_path / "straight", cache, *extra))
+    assert code == 0, err[-3000:]
+    (reference,) = (tmp_path / "straight" / "runs").rglob("last.ckpt")
+    work = tmp_path / "run"
+    proc = start(work, cache, *extra)
+    wait_for_groups(work, proc, 2 * GROUPS + 1)
+    proc.send_signal(signal.SIGTERM)
+    code, err = finish(proc)
+    assert code == 143 and "Traceback" not in err, err[-3000:]
+    ckpt = last_checkpoint(err, work)
+    assert 1 <= load(ckpt)["global_step"] < STEPS
+    code, err = finish(start(work, cache, *extra, "--ckpt_path", str(ckpt)))
+    assert code == 0, err[-3000:]
+    assert_same_state(load(ckpt), load(reference))
+
+
+@pytest.mark.slow
 def test_sigterm_finishes_the_iteration_marks_the_run_killed_and_resumes_exactly(uninterrupted, tmp_path):
     cache, reference = uninterrupted
     work = tmp_path / "run"

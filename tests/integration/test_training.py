@@ -74,7 +74,7 @@ def test_stale_batch_is_refused(tmp_path):
                          rewards=torch.zeros(1), truncated=torch.zeros(1, dtype=torch.bool),
                          group_sizes=torch.tensor([1]))
     with pytest.raises(RuntimeError, match=r"versions \[4\].*version 5"):
-        module._check_on_policy(batch)
+        module._check_staleness(batch)
 
 
 @pytest.mark.slow

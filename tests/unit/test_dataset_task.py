@@ -385,7 +385,7 @@ class GroupEngine:
     def generate(self, prompts, params):
         from lit_ppo.rollout.engine import Completion
 
-        return [[Completion(token_ids=[7 + k], logprobs=[-0.5], stopped=True) for k in range(params.n)]
+        return [[Completion(token_ids=[7 + k], logprobs=[-0.5], stopped=True, version=0) for k in range(params.n)]
                 for _ in prompts]
 
 

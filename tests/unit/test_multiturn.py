@@ -8,6 +8,7 @@ character from 6), never derived from the code under test.
 from __future__ import annotations
 
 import string
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -55,8 +56,8 @@ def tok():
 
 
 class ScriptedEngine(FakeEngineBase):
-    """Returns, on call k, ``script[k]`` (one completion per prompt, in order); records every call and
-    bumps its version after each call (as if weights were pushed between turns)."""
+    """Returns, on call k, ``script[k]`` (one completion per prompt, in order, tagged with its version);
+    records every call and bumps its version after each call (as if weights were pushed between turns)."""
 
     def __init__(self, script: list[list[Completion]], version: int = 7):
         self.script, self.version = script, version
@@ -69,8 +70,9 @@ class ScriptedEngine(FakeEngineBase):
         self.prompts.append([list(p) for p in prompts])
         self.params.append(params)
         self.versions.append(self.version)
+        tagged = [[replace(completion, version=self.version)] for completion in self.script[k]]
         self.version += 1
-        return [[completion] for completion in self.script[k]]
+        return tagged
 
 
 class ScriptedEnv:
@@ -114,7 +116,7 @@ class ScriptedTask:
 
 def gen(ids: list[int], stopped: bool = True, first_logp: float = -0.5) -> Completion:
     """A completion whose token i has log-prob first_logp - i/8 (exact in float32)."""
-    return Completion(list(ids), [first_logp - i / 8 for i in range(len(ids))], stopped)
+    return Completion(list(ids), [first_logp - i / 8 for i in range(len(ids))], stopped, version=-1)  # the engine tags it
 
 
 # 2 problems x n=2: rows e0 (1 turn), e1 (3 turns, max_turns), e2 (2 turns, truncated), e3 (3 turns,

@@ -59,10 +59,10 @@ class FakeEngine(FakeEngineBase):
 
 PROBLEMS = [Problem(prompt="1+1", answer="2"), Problem(prompt="10+20", answer="30")]
 COMPLETIONS = [
-    [Completion([c("2"), EOS], [-0.5, -0.125], stopped=True),                 # "2": correct
-     Completion([c("3"), EOS], [-1.0, -0.25], stopped=True)],                 # "3": wrong
-    [Completion([c("3"), c("0"), EOS], [-0.75, -0.5, -0.0625], stopped=True),  # "30": correct
-     Completion([c("3")] * 4, [-1.0, -2.0, -3.0, -4.0], stopped=False)],       # "3333": truncated
+    [Completion([c("2"), EOS], [-0.5, -0.125], stopped=True, version=7),          # "2": correct
+     Completion([c("3"), EOS], [-1.0, -0.25], stopped=True, version=7)],          # "3": wrong
+    [Completion([c("3"), c("0"), EOS], [-0.75, -0.5, -0.0625], stopped=True, version=7),  # "30": correct
+     Completion([c("3")] * 4, [-1.0, -2.0, -3.0, -4.0], stopped=False, version=7)],       # "3333": truncated
 ]
 
 
@@ -151,7 +151,7 @@ def test_system_prompt_precedes_the_user_message(tok):
 
 def test_group_sizes_are_n_per_problem(tok):
     problems = PROBLEMS + [Problem(prompt="2+2", answer="4")]
-    engine = FakeEngine([[Completion([c("4"), EOS], [-0.5, -0.5], stopped=True)]] * 3)
+    engine = FakeEngine([[Completion([c("4"), EOS], [-0.5, -0.5], stopped=True, version=0)]] * 3)
     batch = SingleTurnWorkflow(tok, FakeTask(), SamplingParams(n=1)).run(engine, problems)
     assert batch.group_sizes.tolist() == [1, 1, 1]
     assert batch.rewards.tolist() == [0.0, 0.0, 1.0]
@@ -167,12 +167,12 @@ def test_multi_segment_episode_gets_one_turn_id_per_generated_segment():
     """The layout a multi-turn (tool) workflow produces: prompt, answer, tool output, answer."""
     episode = Episode(prompt="q", completion="x", reward=0.5)
     episode.add_context([10, 11])
-    episode.add_generation(Completion([20, 21], [-0.5, -0.25], stopped=True), version=3)
+    episode.add_generation(Completion([20, 21], [-0.5, -0.25], stopped=True, version=3))
     episode.add_context([30])
-    episode.add_generation(Completion([40, 41, 42], [-1.0, -2.0, -4.0], stopped=False), version=4)
+    episode.add_generation(Completion([40, 41, 42], [-1.0, -2.0, -4.0], stopped=False, version=4))
     short = Episode(prompt="r")
     short.add_context([10])
-    short.add_generation(Completion([50], [-0.125], stopped=True), version=4)
+    short.add_generation(Completion([50], [-0.125], stopped=True, version=4))
 
     batch = episodes_to_batch([episode, short], group_sizes=[2], pad_id=9)
     assert batch.input_ids.tolist() == [[10, 11, 20, 21, 30, 40, 41, 42], [10, 50, 9, 9, 9, 9, 9, 9]]
@@ -189,7 +189,7 @@ def test_multi_segment_episode_gets_one_turn_id_per_generated_segment():
 
 def test_episode_rejects_mismatched_logprobs():
     with pytest.raises(ValueError, match="2 tokens but 1 log-probs"):
-        Episode(prompt="q").add_generation(Completion([1, 2], [-0.5], stopped=True), version=0)
+        Episode(prompt="q").add_generation(Completion([1, 2], [-0.5], stopped=True, version=0))
 
 
 def test_hf_engine_batch_is_label_aligned(tok):

@@ -1,0 +1,52 @@
+"""The default run's metrics, step by step, against a recording from before asynchronous rollouts
+(tests/fixtures/default_run_metrics.json), on the shared demo run (tests/integration/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+pytestmark = pytest.mark.slow
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "default_run_metrics.json"
+TIMING = ("time/", "perf/")  # wall-clock, differ from run to run
+
+
+def this_machine() -> dict:
+    """What float32 results depend on besides the code: the CPU, its vector instructions, torch, threads."""
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    model = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    flags = next(line.split(":", 1)[1].split() for line in lines if line.startswith("flags"))
+    return {"cpu": model, "isa": sorted(f for f in set(flags) if f.startswith(("avx", "amx", "fma", "sse4"))),
+            "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+def logged_metrics(demo_run) -> dict[str, list[tuple[int, float]]]:
+    """Every non-timing metric of the demo run's MLflow run: (step, value) pairs in step order."""
+    client = MlflowClient(demo_run.env["MLFLOW_TRACKING_URI"])
+    (run,) = client.search_runs([client.get_experiment_by_name("lit_ppo").experiment_id])
+    # Sorted by value within a step too: Lightning logs `epoch` twice at an evaluation's step.
+    return {key: sorted(((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)))
+            for key in sorted(run.data.metrics) if not key.startswith(TIMING)}
+
+
+def test_default_run_metrics_are_bit_identical_to_before_async_rollouts(demo_run):
+    """The synchronous path (rollout.max_head_offpolicyness=0, the default) must stay exactly as it was.
+    Bit for bit only on the kind of machine that recorded it: other kernels round differently."""
+    fixture = json.loads(FIXTURE.read_text())
+    if this_machine() != fixture["recorded_on"]:
+        pytest.skip(f"recorded on {fixture['recorded_on']}, this is {this_machine()}")
+    expected = {key: [(step, value) for step, value in pairs] for key, pairs in fixture["metrics"].items()}
+    logged = logged_metrics(demo_run)
+    for key in sorted(expected.keys() & logged.keys()):
+        want, got = expected[key], logged[key]
+        if [s for s, _ in got] != [s for s, _ in want]:
+            raise AssertionError(f"{key}: logged at steps {[s for s, _ in got]}, the fixture has {[s for s, _ in want]}")
+        for (step, value), (_, value_then) in zip(got, want):
+            assert value == value_then, f"{key} at step {step}: {value!r} now, {value_then!r} in {FIXTURE.name}"
+    assert logged.keys() == expected.keys(), (
+        f"metrics only in this run: {sorted(logged.keys() - expected.keys())}; only in {FIXTURE.name}: "
+        f"{sorted(expected.keys() - logged.keys())} (a metric of the synchronous path was added or dropped)")
