@@ -35,6 +35,7 @@ demo: setup
 bench: setup
 	$(PY) scripts/bench_algos.py
 	$(PY) scripts/bench_train.py
+	$(PY) scripts/bench_async.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

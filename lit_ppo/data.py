@@ -422,6 +422,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.producer.close(wait)
         position, self._queued = self.producer.state(finish_batch=wait)
         self.epoch, self.cursor, self.requests = position["epoch"], position["cursor"], position["requests"]
+        self._boundary = position  # what state_dict reports while collecting (an abandoned iteration)
         self.producer = None
         torch.set_num_threads(self._trainer_threads)
 

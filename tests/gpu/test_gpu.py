@@ -1,6 +1,7 @@
 """The CUDA paths of the trainer presets, run on a machine with NVIDIA GPUs (`pytest tests/gpu`);
 skipped where there is none. One GPU in bf16-mixed with each engine (vLLM sleeping during the
-update), and DDP / FSDP2 over NCCL on every visible GPU."""
+update), asynchronous rollouts on the trainer's GPU or their own, and DDP / FSDP2 over NCCL on every
+visible GPU."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not torch.cuda.is_available()
 BF16 = ["rollout.max_logp_gap=0.05"]
 
 
-def fit(tmp_path, *args: str):
-    result = run_cli(["fit", "algo=grpo", *FAST, *BF16, *args], tmp_path, timeout=900)
+def fit(tmp_path, *args: str, algo: str = "grpo"):
+    result = run_cli(["fit", f"algo={algo}", *FAST, *BF16, *args], tmp_path, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "`Trainer.fit` stopped: `max_steps=2` reached." in result.stderr + result.stdout
     return result
@@ -30,6 +31,18 @@ def test_one_gpu_in_bf16_mixed(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="rollout=vllm needs vllm")
 def test_one_gpu_with_a_vllm_engine_that_sleeps_during_the_update(tmp_path):
     fit(tmp_path, "trainer=gpu", "rollout=vllm")
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_asynchronous_rollouts_share_the_gpu_with_the_trainer(tmp_path, engine):
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        pytest.skip("rollout=vllm needs vllm")
+    fit(tmp_path, "trainer=gpu", f"rollout={engine}", "rollout.max_head_offpolicyness=1", algo="icepop")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_asynchronous_rollouts_on_their_own_gpu(tmp_path):
+    fit(tmp_path, "trainer=gpu", "rollout.max_head_offpolicyness=1", "rollout.devices=[1]", algo="icepop")
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")

@@ -100,6 +100,7 @@ def test_resume_trains_the_checkpointed_queue_and_equals_an_uninterrupted_run(tm
                                                          save_top_k=-1)] if every else []
         trainer, rec = fit(module, data, tmp_path / name, max_steps=max_steps, ckpt_path=ckpt_path,
                            callbacks=callbacks)
+        assert trainer.global_step == max_steps
         return module, rec
 
     straight, _ = run("straight", 6, every=3)
