@@ -218,13 +218,16 @@ def test_drop_of_every_group_still_ends_with_the_attempts_error(tmp_path, model_
 
 
 @pytest.mark.slow
-def test_cli_run_with_a_nan_reward_fails_naming_task_prompt_and_value(tmp_path, model_cache):
-    """The real CLI in a subprocess: the 7th reward (in the first iteration) is NaN."""
+@pytest.mark.parametrize("rollouts", [[], ["algo=icepop", "rollout.max_head_offpolicyness=1"]],
+                         ids=["sync", "async"])
+def test_cli_run_with_a_nan_reward_fails_naming_task_prompt_and_value(tmp_path, model_cache, rollouts):
+    """The real CLI in a subprocess: the 7th reward (in the first iteration) is NaN; with asynchronous
+    rollouts it is met on the producer thread and fails the run the same way."""
     driver = ("import sys; from tests.faults.nan_task import register; register(); "
               "from lit_ppo.__main__ import main; sys.exit(main(sys.argv[1:]))")
     env = {**os.environ, "LIT_PPO_CACHE": model_cache,
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    args = [*FAST, f"data.task={nan_task.NAME}", "+data.task_kwargs.period=7"]
+    args = [*FAST, *rollouts, f"data.task={nan_task.NAME}", "+data.task_kwargs.period=7"]
     proc = subprocess.run([sys.executable, "-c", driver, "fit", *args], cwd=tmp_path, capture_output=True, text=True,
                           timeout=300, env=env)
     assert proc.returncode == 1, proc.stderr[-2000:]

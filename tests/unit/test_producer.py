@@ -146,6 +146,23 @@ def test_the_trainer_waits_for_a_batch_in_progress_and_measures_the_wait():
     producer.close(wait=False)
 
 
+def test_the_producer_thread_runs_with_its_own_thread_count():
+    seen = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+
+    def collect():
+        seen.append(torch.get_num_threads())
+        return batch_at(0)
+
+    producer = AsyncProducer(collect, lambda: {}, 1, 1, lambda: 1)
+    producer.start()
+    producer.take()
+    producer.close()
+    torch.set_num_threads(before)
+    assert seen == [1]  # set on the producer's thread, not inherited from the trainer's 2
+
+
 def test_no_batch_is_generated_beyond_the_last_iteration():
     run = ScriptedRun(3, iterations=4)
     run.producer.start()
