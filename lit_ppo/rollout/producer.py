@@ -151,7 +151,10 @@ class AsyncProducer:
                                                                       or self._outstanding() < remaining)
 
     def _run(self) -> None:
-        torch.set_num_threads(self.num_threads)  # this thread's own (the trainer keeps its own setting)
+        # A thread takes the process-wide count at its first torch call; make that call first, so the
+        # count set next is this thread's own and later calls on other threads do not change it.
+        torch.get_num_threads()
+        torch.set_num_threads(self.num_threads)
         try:
             while True:
                 with self._changed:

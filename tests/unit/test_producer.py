@@ -146,12 +146,17 @@ def test_the_trainer_waits_for_a_batch_in_progress_and_measures_the_wait():
     producer.close(wait=False)
 
 
-def test_the_producer_thread_runs_with_its_own_thread_count():
+def test_the_producer_thread_keeps_its_own_thread_count_whatever_other_threads_set():
     seen = []
     before = torch.get_num_threads()
     torch.set_num_threads(2)
 
     def collect():
+        # Another thread sets the process-wide count while the producer runs (the trainer at fit end,
+        # a library's own thread): the producer's count must stay its own.
+        other = threading.Thread(target=torch.set_num_threads, args=(2,))
+        other.start()
+        other.join()
         seen.append(torch.get_num_threads())
         return batch_at(0)
 
@@ -159,8 +164,10 @@ def test_the_producer_thread_runs_with_its_own_thread_count():
     producer.start()
     producer.take()
     producer.close()
+    trainer_threads = torch.get_num_threads()
     torch.set_num_threads(before)
-    assert seen == [1]  # set on the producer's thread, not inherited from the trainer's 2
+    assert seen == [1]  # set on the producer's thread, not the 2 set on the others
+    assert trainer_threads == 2  # and the trainer's thread keeps its own
 
 
 def test_no_batch_is_generated_beyond_the_last_iteration():
