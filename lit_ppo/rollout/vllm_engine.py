@@ -173,7 +173,8 @@ class VLLMEngine:
             n=params.n, max_tokens=params.max_new_tokens, temperature=params.temperature,
             top_k=params.top_k if params.top_k > 0 else -1, top_p=params.top_p,
             stop_token_ids=list(params.stop_token_ids), allowed_token_ids=params.allowed_token_ids,
-            logprobs=0, seed=_request_seed(base_seed, i)) for i in range(len(prompts))]
+            logprobs=0, seed=_request_seed(base_seed, i),
+            detokenize=False) for i in range(len(prompts))]  # the trainer reads token ids only
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], requests,
                                     use_tqdm=False)
         result = []

@@ -3,11 +3,13 @@ with one line naming the engine, before any optimizer step on its batch."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
 from lit_ppo.cli import compose
-from lit_ppo.config import GenerationConfig, NormConfig, PPOActorConfig
+from lit_ppo.config import GenerationConfig, NormConfig, PPOActorConfig, RejectionSamplingConfig
 from lit_ppo.data import RolloutDataModule
 from lit_ppo.module import LitPPO, ModelConfig, _LogpGapCheck
 from lit_ppo.rollout.hf_engine import HFEngine
@@ -32,10 +34,10 @@ def stale_engine(monkeypatch):
     return pushed
 
 
-def make(tmp_path, recompute: bool, **data_kwargs):
+def make(tmp_path, recompute: bool, actor_kwargs: dict | None = None, **data_kwargs):
     # The entropy bonus makes every update move the weights, even when all advantages are zero.
     actor = PPOActorConfig(kl_ctl=0.0, ppo_n_minibatches=2, reward_norm=GROUP, recompute_logprob=recompute,
-                           entropy_coef=0.01, optimizer={"lr": 1e-2})
+                           entropy_coef=0.01, optimizer={"lr": 1e-2}, **(actor_kwargs or {}))
     module = LitPPO(ModelConfig(cache_dir=str(tmp_path / "cache")), actor, algo="test")
     data = RolloutDataModule(batch_size=4, gconfig=GenerationConfig(n_samples=4, max_new_tokens=4,
                                                                     restrict_to_task_tokens=True), **data_kwargs)
@@ -70,6 +72,67 @@ def test_the_hint_names_lower_precision():
     assert "rollout.max_logp_gap=null" in fp32
     bf16 = _LogpGapCheck(1e-3, "vllm", ["rollout.engine_kwargs.dtype=bfloat16"]).message(0.02, 1)
     assert "rollout.engine_kwargs.dtype=bfloat16 computes in lower precision" in bf16 and "\n" not in bf16
+    assert "not sampling from the trainer's weights" not in bf16  # rounding, not a stale engine
+
+
+def test_under_lower_precision_the_error_recommends_the_decoupled_loss_and_rejection_sampling():
+    lower = ["trainer.precision=bf16-mixed"]
+    on_policy = _LogpGapCheck(1e-3, "hf", lower).message(0.03, 0)
+    assert on_policy.startswith("rollout=hf: behaviour log-probs differ from the trainer's by 0.03 nats/token "
+                                "(> rollout.max_logp_gap=0.001) at policy version 0: trainer.precision=bf16-mixed "
+                                "computes in lower precision")
+    for fix in ("use the decoupled loss with rejection sampling", "rejection=icepop or rejection=kpop",
+                "actor.use_decoupled_loss=true and actor.rejection_sampling", "algo=icepop / algo=kpop",
+                "raise rollout.max_logp_gap, e.g. 0.1, or set it to null"):
+        assert fix in on_policy, fix
+    decoupled = _LogpGapCheck(1e-3, "hf", lower, decoupled=True).message(0.03, 0)
+    assert "actor.use_decoupled_loss corrects for it; add rejection sampling, rejection=icepop" in decoupled
+    both = _LogpGapCheck(0.1, "hf", lower, decoupled=True, rejection=True).message(0.3, 0)
+    assert both.endswith("(actor.use_decoupled_loss and actor.rejection_sampling correct for it: raise "
+                         "rollout.max_logp_gap, e.g. 0.6, or set it to null)")
+    assert all("\n" not in m for m in (on_policy, decoupled, both))
+
+
+def test_under_lower_precision_a_gap_within_a_raised_limit_warns_once():
+    check = _LogpGapCheck(0.1, "hf", ["rollout.engine_kwargs.dtype=bfloat16"])
+    assert check.warning(5e-4, 0) is None  # float32-level agreement
+    warning = check.warning(0.006, 1)
+    assert warning.startswith("rollout=hf: behaviour log-probs differ from the trainer's by 0.006 nats/token at "
+                              "policy version 1 (rollout.engine_kwargs.dtype=bfloat16)")
+    assert "use the decoupled loss with rejection sampling (rejection=icepop or rejection=kpop" in warning
+    assert check.warning(0.006, 2) is None  # once per run
+    assert _LogpGapCheck(0.1, "hf", ["x"], decoupled=True).warning(0.006, 1) is None
+    assert _LogpGapCheck(0.1, "hf", []).warning(0.006, 1) is None  # float32: the limit is the only rule
+
+
+BF16_ENGINE = {"dtype": "bfloat16"}
+
+
+def test_a_bfloat16_engine_stops_the_run_at_the_default_limit_with_the_recommendation(tmp_path):
+    module, data = make(tmp_path, recompute=False, engine_kwargs=BF16_ENGINE)
+    with pytest.raises(RuntimeError) as error:
+        fit(module, data, tmp_path, max_steps=2)
+    message = str(error.value)
+    assert message.startswith("rollout=hf: behaviour log-probs differ from the trainer's by ")
+    assert ("(> rollout.max_logp_gap=0.001) at policy version 0: rollout.engine_kwargs.dtype=bfloat16 computes "
+            "in lower precision") in message and "rejection=icepop" in message
+    assert module.version == 0  # stopped before the first update
+
+
+@pytest.mark.parametrize("decoupled", [False, True], ids=["grpo", "with_rejection_icepop"])
+def test_a_bfloat16_engine_trains_under_a_raised_limit_and_warns_without_the_decoupled_loss(tmp_path, decoupled):
+    icepop = dict(use_decoupled_loss=True, rejection_sampling=RejectionSamplingConfig(  # what rejection=icepop sets
+        level="token", action="mask", metric="ratio", lower=0.5, upper=5.0))
+    module, data = make(tmp_path, recompute=False, actor_kwargs=icepop if decoupled else None,
+                        engine_kwargs=BF16_ENGINE, max_logp_gap=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, rec = fit(module, data, tmp_path, max_steps=2)
+    assert module.version == 2
+    gaps = [m["mismatch/logp_abs_diff"] for m in rec.metrics]
+    assert all(1e-3 < g < 0.05 for g in gaps), gaps  # bf16 rounding: measured ~6e-3
+    ours = [w for w in caught if "behaviour log-probs differ" in str(w.message)]
+    assert len(ours) == (0 if decoupled else 1), [str(w.message) for w in ours]
 
 
 def test_the_option_reaches_the_data_module_and_is_validated():

@@ -356,6 +356,147 @@ def test_entropy_matches_hand_computation(tiny, batch):
     assert (entropy == 0).all()  # top_k=1: a point mass
 
 
+def _head_logprobs(h, weight, bias, labels, params):
+    """The naive head: ``[N, V]`` float32 log-softmax of the sampling logits, through autograd."""
+    logp_all = sampling_logits(torch.nn.functional.linear(h, weight, bias), **params).log_softmax(-1)
+    finite = torch.where(torch.isfinite(logp_all), logp_all, torch.zeros(()))
+    return logp_all.gather(-1, labels[:, None]).squeeze(-1), -(logp_all.exp() * finite).sum(-1)
+
+
+HEAD_CASES = {
+    "plain": dict(),
+    "temperature": dict(temperature=0.7),
+    "top_k_top_p": dict(temperature=1.3, top_k=7, top_p=0.8),
+    "allowed": dict(temperature=0.7, allowed=torch.arange(50) % 3 != 0),
+}
+
+
+@pytest.mark.parametrize("loss", ["logp", "entropy", "both"])
+@pytest.mark.parametrize("params", HEAD_CASES.values(), ids=HEAD_CASES.keys())
+def test_recomputed_head_gradients_equal_the_full_logits_gradients(params, loss):
+    """The backward pass recomputes each chunk's logits and applies d log p_y / dz = onehot - p and
+    dH / dz = -p (log p + H) by hand: values and gradients of hidden states, weight and bias equal
+    autograd through the full logits. Labels include tokens outside the support (log-prob -inf)."""
+    params = dict(dict(temperature=1.0, top_k=0, top_p=1.0, allowed=None), **params)
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(37, 16, generator=g, requires_grad=True)
+    weight = torch.randn(50, 16, generator=g, requires_grad=True)
+    bias = torch.randn(50, generator=g, requires_grad=True)
+    labels = torch.randint(0, 50, (37,), generator=g)
+    w_logp, w_ent = torch.randn(37, generator=g), torch.randn(37, generator=g)
+    results = []
+    for compute in (_head_logprobs, lambda *a: models._SampledTokenLogprobs.apply(*a, 8, loss != "logp")):
+        h.grad = weight.grad = bias.grad = None
+        logp, entropy = compute(h, weight, bias, labels, params)
+        finite = torch.isfinite(logp)
+        total = (torch.where(finite, logp, torch.zeros(())) * w_logp).sum() if loss != "entropy" else 0
+        if loss != "logp":
+            total = total + (entropy * w_ent).sum()
+        total.backward()
+        results.append([logp.detach(), entropy.detach(), h.grad, weight.grad, bias.grad])
+    if params["top_k"] or params["allowed"] is not None:
+        assert (~torch.isfinite(results[0][0])).any()  # some labels really lie outside the support
+    (naive_logp, naive_ent, *naive_grads), (logp, ent, *grads) = results
+    torch.testing.assert_close(logp, naive_logp, rtol=1e-5, atol=1e-5)
+    if loss != "logp":
+        torch.testing.assert_close(ent, naive_ent, rtol=1e-5, atol=1e-5)
+    for name, got, expected in zip(("hidden", "weight", "bias"), grads, naive_grads):
+        assert expected.abs().sum() > 0
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def _aten_ops(fn) -> list[str]:
+    """The aten operators ``fn()`` runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Log() as log:
+        fn()
+    return log.ops
+
+
+def test_the_entropy_gets_no_gradient_work_unless_the_loss_uses_it(tiny, batch):
+    """At entropy_coef 0 the entropy is only logged: the backward pass runs exactly the operators of a
+    pass that never computed it (and so the same gradients)."""
+    model, _ = tiny
+    backward_ops, grads = [], []
+    for with_entropy in (False, True):
+        model.zero_grad(set_to_none=True)
+        logp, entropy = token_logprobs(model, *batch, chunk_size=4, with_entropy=with_entropy)
+        if with_entropy:
+            entropy.sum().item()  # used for a metric, outside the graph
+        backward_ops.append(_aten_ops(lambda: logp.sum().backward()))
+        grads.append([p.grad.clone() for p in model.parameters()])
+    model.zero_grad(set_to_none=True)
+    assert backward_ops[0] == backward_ops[1]
+    for without, with_ in zip(*grads):
+        torch.testing.assert_close(with_, without, rtol=0, atol=0)
+
+
+def test_no_tensor_of_all_positions_by_vocabulary_is_ever_allocated(tiny, batch):
+    """Forward and backward allocate at most ``chunk_size`` x V logits at a time (the naive path's
+    ``[positions, V]`` tensors are the control)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    model, tok = tiny
+    V = len(tok)
+
+    class LargestOutput(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.is_view:  # no allocation (e.g. the weight's transpose)
+                return out
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.dim() and t.shape[-1] == V:
+                    LargestOutput.largest = max(LargestOutput.largest, t.numel() // V)
+            return out
+
+    labelled = int(models._label_positions(batch[1]).sum())
+    assert labelled > 8
+    with LargestOutput():
+        logp, entropy = token_logprobs(model, *batch, chunk_size=4, with_entropy=True)
+        (logp.sum() + entropy.sum()).backward()
+    assert LargestOutput.largest == 4  # rows of a chunk
+    model.zero_grad(set_to_none=True)
+    LargestOutput.largest = 0
+    with LargestOutput():
+        _head_logprobs(torch.randn(labelled, model.config.hidden_size), model.lm_head.weight, None,
+                       torch.zeros(labelled, dtype=torch.long), dict())[0].sum().backward()
+    assert LargestOutput.largest == labelled
+    model.zero_grad(set_to_none=True)
+
+
+def test_bf16_autocast_head_matches_the_autocast_naive_path():
+    """Under bf16 autocast the head's matmuls run in bf16 as the layer would, the log-softmax in float32:
+    values equal the naive path under the same autocast; gradients stay float32 (master weights)."""
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(40, 32, generator=g, requires_grad=True)
+    weight = (0.3 * torch.randn(64, 32, generator=g)).requires_grad_()
+    labels = torch.randint(0, 64, (40,), generator=g)
+    params = dict(temperature=0.9, top_k=0, top_p=1.0, allowed=None)
+    results = []
+    for compute in (_head_logprobs, lambda *a: models._SampledTokenLogprobs.apply(*a, 16, True)):
+        h.grad = weight.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logp, entropy = compute(h, weight, None, labels, params)
+        (logp.sum() + entropy.sum()).backward()
+        results.append([logp.detach(), entropy.detach(), h.grad, weight.grad])
+    for got, expected in zip(*results[::-1]):
+        assert got.dtype == torch.float32
+        # Both round the same bf16 matmul; the gradient matmuls round in bf16 (relative 2^-8).
+        torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
+
+
 def test_token_logprobs_other_architecture():
     """GPT-2 (base model ``transformer``, tied head): same result as its full logits."""
     model = _gpt2(50)
