@@ -20,13 +20,7 @@ IDS = torch.tensor([[2, 6, 7, 10, 8, 1, 3, 9, 12, 1], [2, 11, 10, 6, 8, 1, 3, 7,
 MASK = torch.tensor([[1] * 10, [1] * 9 + [0]], dtype=torch.bool)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

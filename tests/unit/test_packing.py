@@ -26,13 +26,7 @@ BINS = [[0], [1, 3, 2], [6, 5], [4]]
 """``first_fit_decreasing`` of the lengths (10, 6, 1, 3, 5, 2, 6) into bins of 10."""
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small models gain nothing from intra-op threads on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -75,12 +69,17 @@ def padded_only(monkeypatch):
     monkeypatch.setattr(packing, "packing_supported", lambda body, device=None: False)
 
 
-def _input_shapes(body):
-    """The ``input_ids`` shapes ``body`` receives, recorded by a forward pre-hook; remove with ``.remove()``."""
+def _input_shapes(body, fn) -> list[tuple[int, ...]]:
+    """The ``input_ids`` shapes ``body`` receives while ``fn()`` runs without grad (a forward pre-hook)."""
     shapes = []
     handle = body.register_forward_pre_hook(lambda m, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
                                             with_kwargs=True)
-    return shapes, handle
+    try:
+        with torch.no_grad():
+            fn()
+    finally:
+        handle.remove()
+    return shapes
 
 
 def _grads(module) -> dict[str, torch.Tensor]:
@@ -212,12 +211,7 @@ def test_no_pad_token_is_computed(tiny):
     ids, mask = _batch(tiny.config.vocab_size)
     body = tiny.base_model
     packing_supported(body)  # probed before the hook counts
-    shapes, handle = _input_shapes(body)
-    try:
-        with torch.no_grad():
-            token_logprobs(tiny, ids, mask)
-    finally:
-        handle.remove()
+    shapes = _input_shapes(body, lambda: token_logprobs(tiny, ids, mask))
     width = max(n for _, n in SPANS)
     assert shapes == [(len(BINS), width)]
     leftover = sum(width - sum(SPANS[row][1] for row in rows) for rows in BINS)
@@ -231,11 +225,9 @@ def test_edge_batches_packed_equal_padded(tiny, spans, padded_only, monkeypatch)
     body = tiny.base_model
     expected = _hidden_states(body, ids, mask)
     monkeypatch.undo()
-    shapes, handle = _input_shapes(body)
-    try:
-        got = _hidden_states(body, ids, mask)
-    finally:
-        handle.remove()
+    outputs = []
+    shapes = _input_shapes(body, lambda: outputs.append(_hidden_states(body, ids, mask)))
+    got = outputs[0]
     lengths = [n for _, n in spans]
     assert shapes[-1] == (len(first_fit_decreasing(lengths)), max(lengths))
     assert _max_gap(got[mask], expected[mask]) <= 1e-5
@@ -249,12 +241,7 @@ def test_rows_without_real_tokens(tiny):
     assert (packed[1] == 0).all() and _max_gap(packed[mask], padded[mask]) <= 1e-5
     # nothing real at all: the body still runs once (every FSDP rank must), on the padded batch
     empty = torch.zeros_like(mask)
-    shapes, handle = _input_shapes(body)
-    try:
-        with torch.no_grad():
-            packed_hidden_states(body, ids, empty)
-    finally:
-        handle.remove()
+    shapes = _input_shapes(body, lambda: packed_hidden_states(body, ids, empty))
     assert shapes == [tuple(mask.shape)]
 
 
@@ -295,13 +282,10 @@ def test_probe_runs_once_in_eval_mode_and_restores_modes(tiny):
     model = add_lora(copy.deepcopy(tiny), lora_config(4, 8.0, 0.5, "all-linear")).train()
     model.base_model.layers[0].eval()  # a mixed state, restored as it was
     modes = {name: m.training for name, m in model.named_modules()}
-    shapes, handle = _input_shapes(model.base_model)
-    try:
-        assert packing_supported(model.base_model)
-        calls = len(shapes)
-        assert packing_supported(model.base_model) and len(shapes) == calls  # cached
-    finally:
-        handle.remove()
+    results = []
+    _input_shapes(model.base_model, lambda: results.append(packing_supported(model.base_model)))
+    again = _input_shapes(model.base_model, lambda: results.append(packing_supported(model.base_model)))
+    assert results == [True, True] and again == []  # cached: no second probe
     assert {name: m.training for name, m in model.named_modules()} == modes
 
 
@@ -321,12 +305,9 @@ def test_body_ignoring_packed_positions_keeps_the_padded_forward():
         warnings.simplefilter("always")
         assert not packing_supported(body)
     assert any("sequence packing is off for BloomModel" in str(w.message) for w in caught)
-    shapes, handle = _input_shapes(body)
-    try:
-        with torch.no_grad():
-            got = _hidden_states(body, ids, mask)
-    finally:
-        handle.remove()
+    outputs = []
+    shapes = _input_shapes(body, lambda: outputs.append(_hidden_states(body, ids, mask)))
+    got = outputs[0]
     assert shapes == [tuple(mask.shape)]
     with torch.no_grad():
         assert torch.equal(got, padded_hidden_states(body, ids, mask))
