@@ -13,11 +13,13 @@ from tests.integration.conftest import run_dir
 
 
 @pytest.mark.slow
-def test_bf16_mixed_learns_the_default_task(cli_here):
-    result = cli_here("fit", "algo=grpo", "trainer.precision=bf16-mixed", "logger=csv", "eval.max_problems=8")
+def test_bf16_mixed_learns_the_default_task(cli):
+    # A real process, as a user runs it: no logging or torch state left by earlier in-process runs.
+    result = cli("fit", "algo=grpo", "trainer.precision=bf16-mixed", "logger=csv", "eval.max_problems=8",
+                 timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Using bfloat16 Automatic Mixed Precision (AMP)" in result.stdout + result.stderr
-    directory = run_dir(cli_here.cwd)
+    directory = run_dir(cli.cwd)
     (metrics_csv,) = directory.glob("csv/version_*/metrics.csv")
     rows = [row for row in csv.DictReader(metrics_csv.open()) if row.get("rollout/reward_mean")]
     assert len(rows) == 100
