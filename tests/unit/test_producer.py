@@ -147,27 +147,33 @@ def test_the_trainer_waits_for_a_batch_in_progress_and_measures_the_wait():
 
 
 def test_the_producer_thread_keeps_its_own_thread_count_whatever_other_threads_set():
-    seen = []
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
+    """In a fresh interpreter (a test process's earlier threads and libraries leave torch's thread state
+    as they please): another thread sets the process-wide count while the producer runs (the trainer at
+    fit end, a library's own thread); the producer's count stays its own, and the trainer's too."""
+    import subprocess
+    import sys
 
-    def collect():
-        # Another thread sets the process-wide count while the producer runs (the trainer at fit end,
-        # a library's own thread): the producer's count must stay its own.
-        other = threading.Thread(target=torch.set_num_threads, args=(2,))
-        other.start()
-        other.join()
-        seen.append(torch.get_num_threads())
-        return batch_at(0)
-
-    producer = AsyncProducer(collect, lambda: {}, 1, 1, lambda: 1)
-    producer.start()
-    producer.take()
-    producer.close()
-    trainer_threads = torch.get_num_threads()
-    torch.set_num_threads(before)
-    assert seen == [1]  # set on the producer's thread, not the 2 set on the others
-    assert trainer_threads == 2  # and the trainer's thread keeps its own
+    code = """
+import threading, torch
+from lit_ppo.rollout.producer import AsyncProducer
+from tests.unit.test_producer import batch_at
+torch.set_num_threads(2)
+seen = []
+def collect():
+    other = threading.Thread(target=torch.set_num_threads, args=(2,))
+    other.start()
+    other.join()
+    seen.append(torch.get_num_threads())
+    return batch_at(0)
+producer = AsyncProducer(collect, lambda: {}, 1, 1, lambda: 1)
+producer.start()
+producer.take()
+producer.close()
+print(seen, torch.get_num_threads())
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n")[-2] == "[1] 2"  # the producer's 1, the trainer's 2
 
 
 def test_no_batch_is_generated_beyond_the_last_iteration():
