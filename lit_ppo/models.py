@@ -32,6 +32,8 @@ import torch
 
 from lit_ppo.sampling import sampling_logits
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""Weight and autocast dtypes by their config names (model.dtype, rollout.engine_kwargs.dtype / autocast)."""
 MODEL_SOURCES = ("tiny", "smollm2")
 """Named model sources of ``load_causal_lm``; any local directory is accepted too."""
 

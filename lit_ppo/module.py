@@ -26,7 +26,7 @@ from lit_ppo.config import OptimizerConfig, PPOActorConfig, PPOCriticConfig
 from lit_ppo.errors import RunStopped
 from lit_ppo.evaluation import SUMS, eval_metrics
 from lit_ppo.lora import adapters_disabled, add_lora, lora_config, merged_weights, trainable_parameters
-from lit_ppo.models import (build_critic, build_reference, load_causal_lm, model_from_weights, token_logprobs,
+from lit_ppo.models import (DTYPES, build_critic, build_reference, load_causal_lm, model_from_weights, token_logprobs,
                             use_chat_template)
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.engine import SamplingParams
@@ -34,7 +34,6 @@ from lit_ppo.rollout.producer import decoupled_loss_problem
 from lit_ppo.rollout.workflows import task_name
 from lit_ppo.sampling import allowed_mask
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SUMMED = ("rollout/accepted", "rollout/rejected", "rollout/invalid_rewards", "rollout/dropped_stale",
           "perf/tokens_per_s")
 """Iteration metrics that add up over ranks (counts, throughput); the others are weighted means."""

@@ -26,6 +26,7 @@ from typing import Iterable
 
 import torch
 
+from lit_ppo.models import DTYPES
 from lit_ppo.rollout.engine import Completion, SamplingParams
 from lit_ppo.sampling import allowed_mask, sampling_logits
 
@@ -193,8 +194,6 @@ class HFEngine:
         """No-op (see ``sleep``)."""
 
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-"""The engine's weight dtypes (``dtype``) and, but float32, its autocast dtypes (``autocast``)."""
 KWARGS = ("max_batch_size", "dtype", "autocast")
 """The engine's settings (``rollout.engine_kwargs`` of ``rollout=hf``)."""
 
