@@ -15,7 +15,7 @@ import hashlib
 import os
 import time
 from dataclasses import replace
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Literal
 
 import lightning as L
 import torch
@@ -87,16 +87,15 @@ class RolloutDataModule(L.LightningDataModule):
             error naming the engine, since the engine is then not sampling from the trainer's
             weights. Measured by the trainer's recompute pass (``actor.recompute_logprob`` or the
             decoupled loss) or else by the first minibatch's forward pass, as the token mean over
-            all ranks. The default 1e-3 is meant for float32 end to end, where the gap measures
-            about 1e-6 for both engines. It is used as given whatever the precision: where the engine
-            and the trainer compute in different precisions (``model.dtype`` or
-            ``rollout.engine_kwargs.dtype`` not float32, ``trainer.precision`` not 32), precision
-            alone gives larger gaps (measured 6e-3 with a bfloat16 vLLM engine and a float32 trainer
-            on the tiny model, 0.025 to 0.036 with bf16 on SmolLM2-135M), so such runs raise it (e.g.
-            0.1) or set it to None (null) to disable the check; the error names the lower-precision
-            settings and recommends the decoupled loss with rejection sampling (rejection=icepop /
-            kpop), which corrects for the gap. Under lower precision a gap above 1e-3 but within a
-            raised limit warns once when the loss is not decoupled.
+            all ranks. 'auto' (the default) is 1e-3 where engine and trainer compute in float32 (the
+            gap then measures about 1e-6 for both engines) and 0.1 where either computes in lower
+            precision (``model.dtype`` or ``rollout.engine_kwargs.dtype`` not float32,
+            ``trainer.precision`` not 32), whose rounding alone gives gaps of 6e-3 (the tiny model,
+            bfloat16 vLLM engine) to 0.036 (SmolLM2-135M, bf16-mixed), while an engine left with old
+            weights measures 0.7. A number replaces both; None (null) disables the check. Under lower
+            precision the error recommends the decoupled loss with rejection sampling (rejection=icepop
+            / kpop), which corrects for the gap, and a gap above 1e-3 within the limit warns once when
+            the loss is not decoupled.
         eval: how the task's test split is scored every ``trainer.val_check_interval`` iterations,
             at the end of ``fit``, and by ``validate`` / ``test`` (see ``lit_ppo.evaluation``).
         max_head_offpolicyness: k, how many policy versions a trained token may lag the policy that
@@ -118,7 +117,7 @@ class RolloutDataModule(L.LightningDataModule):
                  engine_kwargs: dict | None = None,
                  dynamic_filter_fn: str | None = None, dynamic_bs: bool = False, max_attempts_factor: int = 8,
                  system_prompt: str | None = None, seed: int = 0, max_turns: int = 4, turn_discount: float = 1.0,
-                 on_invalid_reward: str = "error", max_logp_gap: float | None = 1e-3,
+                 on_invalid_reward: str = "error", max_logp_gap: float | Literal["auto"] | None = "auto",
                  eval: EvalConfig | None = None, max_head_offpolicyness: int = 0, num_threads: int | None = None,
                  devices: list[int] | None = None):
         super().__init__()
@@ -130,9 +129,10 @@ class RolloutDataModule(L.LightningDataModule):
             raise ValueError(f"data.max_attempts_factor={max_attempts_factor!r} is invalid: must be a positive integer")
         check_turn_settings(max_turns, turn_discount, prefix="data.")
         check_invalid_reward_action(on_invalid_reward, prefix="data.")
-        if max_logp_gap is not None and (isinstance(max_logp_gap, bool) or not isinstance(max_logp_gap, (int, float))
-                                         or not max_logp_gap > 0):
-            raise ValueError(f"rollout.max_logp_gap={max_logp_gap!r} is invalid: must be a positive number or null")
+        if max_logp_gap not in (None, "auto") and (isinstance(max_logp_gap, bool)
+                                                   or not isinstance(max_logp_gap, (int, float)) or not max_logp_gap > 0):
+            raise ValueError(f"rollout.max_logp_gap={max_logp_gap!r} is invalid: must be a positive number, 'auto' "
+                             f"or null")
         _check_async_settings(max_head_offpolicyness, num_threads)
         _check_devices(devices, engine)
         _check_engine_kwargs(engine_kwargs, engine)
@@ -151,7 +151,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.max_turns = max_turns
         self.turn_discount = turn_discount
         self.on_invalid_reward = on_invalid_reward
-        self.max_logp_gap = None if max_logp_gap is None else float(max_logp_gap)
+        self.max_logp_gap = max_logp_gap if max_logp_gap in (None, "auto") else float(max_logp_gap)
         self.eval = EvalConfig(**eval) if isinstance(eval, dict) else eval or EvalConfig()
         self.max_head_offpolicyness = max_head_offpolicyness
         self.num_threads = num_threads

@@ -185,7 +185,10 @@ class _MetricSum:
 
 FLOAT32_LOGP_GAP = 1e-3
 """Mean behaviour / trainer log-prob gap (nats per token) that float32 end to end stays below (measured
-~1e-6): rollout.max_logp_gap's default, and above it, under lower precision, the check warns."""
+~1e-6): rollout.max_logp_gap=auto's limit in float32, and above it, under lower precision, the check warns."""
+LOWER_PRECISION_LOGP_GAP = 0.1
+"""rollout.max_logp_gap=auto's limit where engine or trainer computes in lower precision: above bf16's
+rounding (0.025 to 0.036 on SmolLM2-135M), far below the gap of an engine left with old weights (0.7)."""
 
 
 @dataclass
@@ -202,6 +205,8 @@ class _LogpGapCheck:
     """actor.rejection_sampling is set: tokens whose ratio is off are already masked or clamped."""
     warned: bool = False
     """Whether ``warning`` has returned its one warning of the run."""
+    setting: str = ""
+    """rollout.max_logp_gap as the error shows it ('auto: 0.1 under lower precision'); empty: ``limit``."""
 
     @classmethod
     def of(cls, module: "LitPPO", datamodule) -> "_LogpGapCheck | None":
@@ -219,12 +224,16 @@ class _LogpGapCheck:
         if precision not in ("32", "32-true", "64", "64-true"):
             lower.append(f"trainer.precision={precision}")
         cfg = module.actor_cfg
+        setting = ""
+        if limit == "auto":
+            limit = LOWER_PRECISION_LOGP_GAP if lower else FLOAT32_LOGP_GAP
+            setting = f"auto: {limit:g} {'under lower precision' if lower else 'in float32'}"
         return cls(float(limit), getattr(datamodule, "engine_name", "?"), lower, cfg.use_decoupled_loss,
-                   cfg.rejection_sampling is not None)
+                   cfg.rejection_sampling is not None, setting=setting)
 
     def message(self, gap: float, version: int) -> str:
         head = (f"rollout={self.engine}: behaviour log-probs differ from the trainer's by {gap:.4g} nats/token "
-                f"(> rollout.max_logp_gap={self.limit:g}) at policy version {version}")
+                f"(> rollout.max_logp_gap={self.setting or format(self.limit, 'g')}) at policy version {version}")
         if not self.lower_precision:
             return (f"{head}: the engine is not sampling from the trainer's weights; stopped before training on "
                     f"them (check that the engine receives every parameter, or set rollout.max_logp_gap=null to "

@@ -35,8 +35,8 @@ class HFEngine:
     """Batched KV-cache sampling on a transformers ``*ForCausalLM`` (implements ``RolloutEngine``).
 
     Args:
-        model: the policy; deep-copied at construction (eval mode, no grad), so later training
-            steps do not change the engine until ``update_weights``.
+        model: the policy; deep-copied at construction (eval mode), so later training steps do not
+            change the engine until ``update_weights``.
         tokenizer: provides ``eos_token_id`` (always a stop token) and ``pad_token_id``.
         device: where the engine's copy lives; None keeps the model's device.
         max_batch_size: most sequences decoded together; more rows are decoded in chunks.
@@ -65,7 +65,7 @@ class HFEngine:
         if dtype not in (None, "auto"):
             self.model.to(DTYPES[dtype])
         self.autocast = None if autocast is None else DTYPES[autocast]
-        self.model.eval().requires_grad_(False)
+        self.model.eval().requires_grad_(self.autocast is not None)  # see generate
         self.device = next(self.model.parameters()).device
         self.max_batch_size = max_batch_size
         self.eos_token_id = tokenizer.eos_token_id
@@ -77,14 +77,20 @@ class HFEngine:
         self.version = 0
 
     # ------------------------------------------------------------------ generation
-    @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         """``params.n`` completions for each prompt, in prompt order (see the module docstring)."""
         if self.autocast is None:
-            return self._generate(prompts, params)
-        # cache_enabled=False as Lightning's: the weights change between calls.
-        with torch.autocast(self.device.type, dtype=self.autocast, cache_enabled=False):
-            return self._generate(prompts, params)
+            with torch.inference_mode():
+                return self._generate(prompts, params)
+        # Autocast casts each weight once per call instead of once per decoding step: its cache holds
+        # the casts of leaf tensors that require grad (hence the engine's weights do, and inference
+        # mode, which bypasses the cache, is not used). The cache is cleared on the way out, since the
+        # weights may change before the next call.
+        try:
+            with torch.no_grad(), torch.autocast(self.device.type, dtype=self.autocast, cache_enabled=True):
+                return self._generate(prompts, params)
+        finally:
+            torch.clear_autocast_cache()
 
     def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         if params.n < 1 or params.max_new_tokens < 1:

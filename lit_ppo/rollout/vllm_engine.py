@@ -112,7 +112,7 @@ class VLLMEngine:
             the trainer's own memory against vLLM) and ``gpu_memory_utilization`` on GPU.
         dtype: weight dtype of the engine ('bfloat16', 'float32', ...); None for the policy's. A lower
             precision than the trainer's makes behaviour and trainer log-probs differ (use the
-            decoupled loss / rejection sampling then, and raise rollout.max_logp_gap).
+            decoupled loss / rejection sampling then; rollout.max_logp_gap=auto allows 0.1).
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, seed: int = 0, max_model_len: int | None = None,

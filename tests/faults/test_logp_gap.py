@@ -52,7 +52,7 @@ def test_a_stale_engine_stops_the_run_before_training_on_its_batch(tmp_path, sta
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith("rollout=hf: behaviour log-probs differ from the trainer's by ")
-    assert "(> rollout.max_logp_gap=0.001) at policy version 1: the engine is not sampling" in message
+    assert "(> rollout.max_logp_gap=auto: 0.001 in float32) at policy version 1: the engine is not sampling" in message
     # Iteration 0 trained and pushed; iteration 1 stopped before its first optimizer step.
     assert module.version == 1 and len(stale_engine) == 1
     for name, p in module.policy.named_parameters():
@@ -108,8 +108,8 @@ def test_under_lower_precision_a_gap_within_a_raised_limit_warns_once():
 BF16_ENGINE = {"dtype": "bfloat16"}
 
 
-def test_a_bfloat16_engine_stops_the_run_at_the_default_limit_with_the_recommendation(tmp_path):
-    module, data = make(tmp_path, recompute=False, engine_kwargs=BF16_ENGINE)
+def test_a_bfloat16_engine_stops_the_run_at_a_float32_limit_with_the_recommendation(tmp_path):
+    module, data = make(tmp_path, recompute=False, engine_kwargs=BF16_ENGINE, max_logp_gap=1e-3)
     with pytest.raises(RuntimeError) as error:
         fit(module, data, tmp_path, max_steps=2)
     message = str(error.value)
@@ -119,12 +119,31 @@ def test_a_bfloat16_engine_stops_the_run_at_the_default_limit_with_the_recommend
     assert module.version == 0  # stopped before the first update
 
 
+def test_auto_is_the_float32_limit_in_float32_and_the_lower_precision_one_otherwise():
+    class Data:
+        max_logp_gap, engine_name, engine_kwargs = "auto", "hf", {}
+
+    def check(precision="32-true", dtype="float32", **engine_kwargs):
+        module = LitPPO(ModelConfig(dtype=dtype), PPOActorConfig(), algo="test")
+        module._trainer = type("T", (), {"precision": precision})()
+        data = Data()
+        data.engine_kwargs = engine_kwargs
+        return _LogpGapCheck.of(module, data)
+
+    assert (check().limit, check().setting) == (1e-3, "auto: 0.001 in float32")
+    for lower in (check("bf16-mixed"), check(dtype="bfloat16"), check(autocast="bfloat16"),
+                  check(**BF16_ENGINE)):
+        assert (lower.limit, lower.setting) == (0.1, "auto: 0.1 under lower precision"), lower
+    assert "(> rollout.max_logp_gap=auto: 0.1 under lower precision) at policy version 3: trainer.precision=bf16-mixed" \
+        in check("bf16-mixed").message(0.5, 3)
+
+
 @pytest.mark.parametrize("decoupled", [False, True], ids=["grpo", "with_rejection_icepop"])
-def test_a_bfloat16_engine_trains_under_a_raised_limit_and_warns_without_the_decoupled_loss(tmp_path, decoupled):
+def test_a_bfloat16_engine_trains_at_the_default_limit_and_warns_without_the_decoupled_loss(tmp_path, decoupled):
     icepop = dict(use_decoupled_loss=True, rejection_sampling=RejectionSamplingConfig(  # what rejection=icepop sets
         level="token", action="mask", metric="ratio", lower=0.5, upper=5.0))
     module, data = make(tmp_path, recompute=False, actor_kwargs=icepop if decoupled else None,
-                        engine_kwargs=BF16_ENGINE, max_logp_gap=0.1)
+                        engine_kwargs=BF16_ENGINE)  # max_logp_gap=auto: 0.1 under lower precision
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _, rec = fit(module, data, tmp_path, max_steps=2)
@@ -138,7 +157,8 @@ def test_a_bfloat16_engine_trains_under_a_raised_limit_and_warns_without_the_dec
 def test_the_option_reaches_the_data_module_and_is_validated():
     assert compose(["rollout.max_logp_gap=0.05"])["data"]["max_logp_gap"] == 0.05
     assert compose(["rollout=vllm", "rollout.max_logp_gap=null"])["data"]["max_logp_gap"] is None
-    assert compose([])["data"]["max_logp_gap"] == 0.001
+    assert compose([])["data"]["max_logp_gap"] == "auto"
+    assert compose(["rollout=vllm"])["data"]["max_logp_gap"] == "auto"
     for bad in (0, -1e-3, "big", True):
         with pytest.raises(ValueError, match=rf"^rollout.max_logp_gap={bad!r} is invalid: must be a positive number"):
             RolloutDataModule(max_logp_gap=bad)

@@ -14,12 +14,14 @@ by 0.025 to 0.036 nats per token (mean over 350 sampled tokens; max 0.15 to 0.27
 
 from __future__ import annotations
 
+import copy
 import threading
 from types import SimpleNamespace
 
 import lightning as L
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from lit_ppo.cli import compose
@@ -125,6 +127,56 @@ def test_an_autocast_engine_samples_what_the_bf16_mixed_trainer_computes_on_any_
     plain = HFEngine(model, tok).generate(prompts, PARAMS)
     assert gap(model, prompts, plain, bf16=False) < 1e-5
     assert gap(model, prompts, plain, bf16=True) > 1e-3  # measured 5.6e-3
+
+
+class _WeightCasts(TorchDispatchMode):
+    """Counts casts of float32 tensors of ``shape`` to bfloat16."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shape, self.count = tuple(shape), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        # Autocast casts through aten.to.dtype in inference mode and aten._to_copy outside it.
+        if func is torch.ops.aten._to_copy.default:
+            dtype = kwargs.get("dtype")
+        elif func is torch.ops.aten.to.dtype:
+            dtype = args[1]
+        else:
+            dtype = None
+        if dtype == torch.bfloat16 and tuple(args[0].shape) == self.shape and args[0].dtype == torch.float32:
+            self.count += 1
+        return func(*args, **kwargs)
+
+
+def test_an_autocast_engine_casts_each_weight_once_per_call_and_sees_every_update(tiny):
+    """Decoding steps reuse one bfloat16 cast of each weight per generate call (before, every step
+    cast every weight: 3x a SmolLM2 decode step's matmul time); the result equals a per-step cast's,
+    and a weight update between calls reaches the next call."""
+    model, tok = tiny
+    prompts = [tok.encode("12+7="), tok.encode("3+4=")]
+    params = SamplingParams(n=4, max_new_tokens=6, temperature=1.0, seed=3)
+    engine = HFEngine(model, tok, autocast="bfloat16")
+    weight = engine.model.model.layers[0].mlp.down_proj.weight
+    with _WeightCasts(weight.shape) as casts:
+        out = engine.generate(prompts, params)
+    assert max(len(c.token_ids) for cs in out for c in cs) > 1  # several decoding steps ran
+    assert casts.count == sum(p.shape == weight.shape for p in engine.model.parameters())  # one per layer
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        per_step = engine._generate(prompts, params)  # every step casts every weight
+    assert [[(c.token_ids, c.logprobs) for c in cs] for cs in out] == \
+        [[(c.token_ids, c.logprobs) for c in cs] for cs in per_step]
+    # An update between calls: the next call equals a new engine built from the updated weights.
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in changed.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    engine.update_weights(changed.named_parameters(), version=1)
+    fresh = HFEngine(changed, tok, autocast="bfloat16").generate(prompts, params)
+    assert [[c.logprobs for c in cs] for cs in engine.generate(prompts, params)] == \
+        [[c.logprobs for c in cs] for cs in fresh]
+    assert [[c.logprobs for c in cs] for cs in fresh] != [[c.logprobs for c in cs] for cs in out]
 
 
 def test_a_bfloat16_engine_holds_bfloat16_weights_and_casts_pushes(tiny):
