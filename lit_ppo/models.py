@@ -356,16 +356,22 @@ def load_causal_lm(source: str, cache_dir: str | Path | None = None, dtype: torc
     """``(model, tokenizer)`` of ``source``: ``"tiny"``, ``"smollm2"`` or a local Hugging Face directory.
 
     ``"smollm2"`` is converted from GGUF once (about a minute on 2 cores) into
-    ``cache_dir/smollm2-135m-instruct-q4_1``; later calls load the safetensors copy.
+    ``cache_dir/smollm2-135m-instruct-q4_1``; later calls load the safetensors copy. Models on sdpa
+    attention compute it in float32 on CPU under autocast (``lit_ppo.attention``).
     """
     if source == "tiny":
-        return build_tiny(TinyModelConfig(), cache_dir, dtype)
-    if source == "smollm2":
-        return _load_dir(_cached(cache_dir, "smollm2-135m-instruct-q4_1", _convert_smollm2), dtype)
-    if Path(source).expanduser().is_dir():
-        return _load_dir(Path(source).expanduser(), dtype)
-    raise ValueError(f"model source {source!r} is invalid: must be one of {', '.join(map(repr, MODEL_SOURCES))} "
-                     f"or a local directory holding a Hugging Face causal LM")
+        model, tokenizer = build_tiny(TinyModelConfig(), cache_dir, dtype)
+    elif source == "smollm2":
+        model, tokenizer = _load_dir(_cached(cache_dir, "smollm2-135m-instruct-q4_1", _convert_smollm2), dtype)
+    elif Path(source).expanduser().is_dir():
+        model, tokenizer = _load_dir(Path(source).expanduser(), dtype)
+    else:
+        raise ValueError(f"model source {source!r} is invalid: must be one of {', '.join(map(repr, MODEL_SOURCES))} "
+                         f"or a local directory holding a Hugging Face causal LM")
+    from lit_ppo.attention import use_float32_attention_on_cpu
+
+    use_float32_attention_on_cpu(model)
+    return model, tokenizer
 
 
 # --------------------------------------------------------------------------------------------

@@ -285,3 +285,21 @@ def test_inverse_cdf_hand_values():
     u = torch.tensor([0.0, 0.2, 0.25, 0.5, 0.9999999])
     # cdf = [0, .25, .25, 1, 1]; pick the first index whose cdf exceeds u: zero-probability tokens never.
     assert _inverse_cdf(probs, u).tolist() == [1, 1, 3, 3, 3]
+    assert _inverse_cdf(probs, u, block=2).tolist() == [1, 1, 3, 3, 3]  # blocks [0, .25] [0, .75] [0, pad]
+
+
+def test_inverse_cdf_equals_a_flat_float64_cumulative_sum_over_a_large_vocabulary():
+    """Two-level sums pick what one cumulative sum over the vocabulary picks, zero-probability tokens
+    (masked by top-k) never, across block boundaries and a vocabulary that is no multiple of a block."""
+    g = torch.Generator().manual_seed(0)
+    for V, block in ((49152, 256), (1000, 64), (7, 4)):
+        logits = torch.randn(64, V, generator=g) * 4
+        logits[:, ::3] = float("-inf")  # a third of the vocabulary has probability 0
+        probs = logits.softmax(-1)
+        u = torch.rand(64, generator=g)
+        u[:4] = torch.tensor([0.0, 1 - 2**-24, 0.5, 1e-9])
+        cdf = probs.double().cumsum(-1)
+        expected = torch.searchsorted(cdf, (u.double() * cdf[:, -1])[:, None], right=True).squeeze(1)
+        picked = _inverse_cdf(probs, u, block=block)
+        assert torch.equal(picked, expected), V
+        assert bool((probs.gather(1, picked[:, None]) > 0).all())
