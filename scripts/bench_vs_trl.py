@@ -37,12 +37,14 @@ fp32 (lit_ppo ``trainer.precision=32-true``, TRL ``bf16=False``) and bf16 (lit_p
 gradient checkpointing (its default) and without (lit_ppo's default). TRL generates with
 ``model.generate`` (``use_vllm=False``), lit_ppo with its ``rollout=hf`` engine.
 
-Not matched: with bf16, TRL also generates under bf16 autocast (accelerate wraps the model's forward,
-which ``generate`` calls), while lit_ppo's engine samples in float32 (``trainer.precision`` applies to
-the trainer only); the prompts are the same train split in a different order (each side shuffles
-with its own seed), and so the completions and rewards differ; lit_ppo's log-prob gap check is off
-(``rollout.max_logp_gap=null``, TRL has none). A random model almost never earns a reward, so the
-advantages are mostly 0; both sides still run the full forward and backward pass of every batch.
+Both generate under bf16 autocast with bf16: TRL because accelerate wraps the model's forward, which
+``generate`` calls; lit_ppo because its engine autocasts as the trainer does. lit_ppo keeps its own
+defaults there (each weight cast once per generate call, attention in float32 on CPU, its log-prob
+gap check at ``rollout.max_logp_gap=auto``; the gap it measures, ``mismatch/logp_abs_diff``, is
+reported). Not matched: the prompts are the same train split in a different order (each side shuffles
+with its own seed), and so the completions and rewards differ. A random model almost never earns a
+reward, so the advantages are mostly 0; both sides still run the full forward and backward pass of
+every batch.
 
 How it runs. One process per run, one at a time, interleaved (lit_ppo, TRL, lit_ppo, TRL, ...
 within each repetition), each with ``--threads`` CPU threads (OMP_NUM_THREADS / MKL_NUM_THREADS, and
@@ -98,7 +100,8 @@ MODELS = {
 QUICK = dict(models=["tiny"], precisions=["fp32", "bf16"], trl_gc=["off"], reps=2, iterations={"tiny": 4})
 FULL = dict(models=list(MODELS), precisions=["fp32", "bf16"], trl_gc=["on", "off"], reps=2,
             iterations={"tiny": 10, "4m": 6, "32m": 6, "smollm2": 4})
-LIT_METRICS = ("rollout/reward_mean", "rollout/response_length", "time/generate_s", "time/train_s")
+LIT_METRICS = ("rollout/reward_mean", "rollout/response_length", "time/generate_s", "time/train_s",
+               "mismatch/logp_abs_diff")
 LR = 1e-5
 STD_EPS = 1e-4  # TRL adds 1e-4 to the group std; lit_ppo's NormConfig.eps is set to the same
 SEED = 0
@@ -172,7 +175,7 @@ def lit_overrides(model_dir: Path, shape: tuple[int, int, int], precision: str, 
         "actor.reward_norm.mean_level=group", "actor.reward_norm.std_level=group", f"actor.reward_norm.eps={STD_EPS}",
         f"trainer.precision={'bf16-mixed' if precision == 'bf16' else '32-true'}", f"trainer.max_steps={iterations}",
         "trainer.enable_checkpointing=false", "trainer.enable_progress_bar=false", "eval.max_problems=0",
-        "logger=none", "rollout=hf", "rollout.max_logp_gap=null", f"seed={SEED}",
+        "logger=none", "rollout=hf", f"seed={SEED}",
         "trainer.callbacks=[{class_path:bench_vs_trl.LitIterationTimer}]",
     ]
 
@@ -377,7 +380,11 @@ def summarize(r: dict, warmup: int) -> dict:
             "tok_s": statistics.median(t / intervals[i] for t, i in zip(tokens, kept)) if kept else math.nan,
             "length": statistics.mean(lengths) if lengths else math.nan,
             "reward": statistics.mean(rewards[len(rewards) // 2:]) if rewards else math.nan,
-            "rss": r["peak_rss_mb"], "n": len(its)}
+            "rss": r["peak_rss_mb"], "n": len(its),
+            **{key: statistics.median(values) if values else math.nan for key, values in (
+                (key, [its[i][metric] for i in kept if its[i].get(metric) is not None])
+                for key, metric in (("generate", "time/generate_s"), ("train", "time/train_s"),
+                                    ("gap", "mismatch/logp_abs_diff")))}}
 
 
 def combine(runs: list[dict], warmup: int) -> dict | None:
@@ -386,6 +393,7 @@ def combine(runs: list[dict], warmup: int) -> dict | None:
         return None
     med = lambda k: statistics.median(s[k] for s in ok)
     return {"s_per_it": med("s_per_it"), "tok_s": med("tok_s"), "rss": med("rss"), "length": med("length"),
+            "generate": med("generate"), "train": med("train"), "gap": med("gap"),
             "reward": statistics.mean(s["reward"] for s in ok), "runs": len(ok), "failed": len(runs) - len(ok)}
 
 
@@ -415,6 +423,18 @@ def table(results: dict, warmup: int) -> str:
             f"{fmt(g(trl, 'rss'), '.0f')} | {ratio(g(lit, 'rss'), g(trl, 'rss'))} | "
             f"{fmt(g(lit, 'length'), '.1f')} / {fmt(g(trl, 'length'), '.1f')} | "
             f"{fmt(g(lit, 'reward'))} / {fmt(g(trl, 'reward'))} | {runs(lit, entry['lit'])} / {runs(trl, entry['trl'])} |")
+    return "\n".join(lines)
+
+
+def lit_phases(lit_runs: dict, warmup: int) -> str:
+    """Where lit_ppo's iteration goes (medians after warm-up) and its behaviour / trainer log-prob gap."""
+    lines = ["| model | precision | lit_ppo s/iter | generate s | train s | behaviour / trainer gap (nats/token) |",
+             "|---|---|---|---|---|---|"]
+    for (model, precision), runs in lit_runs.items():
+        lit = combine(runs, warmup)
+        g = lambda k: None if lit is None else lit[k]
+        lines.append(f"| {model} | {precision} | {fmt(g('s_per_it'))} | {fmt(g('generate'), '.2f')} | "
+                     f"{fmt(g('train'), '.2f')} | {fmt(g('gap'), '.2g')} |")
     return "\n".join(lines)
 
 
@@ -496,7 +516,7 @@ def main() -> None:
               f"{args.warmup} warm-up iteration(s); 1-minute load average {os.getloadavg()[0]:.1f} at the end",
               "models: " + ", ".join(f"{m} {params[m] / 1e6:.1f}M parameters, {iterations[m]} iterations per run"
                                      for m in models)]
-    text = "\n".join(header) + "\n\n" + table(results, args.warmup)
+    text = "\n".join(header) + "\n\n" + table(results, args.warmup) + "\n\n" + lit_phases(lit_runs, args.warmup)
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
