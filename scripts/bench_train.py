@@ -1,6 +1,8 @@
 """Training benchmark: seconds per RL iteration and peak memory, default run vs model=smollm2.
 
-    python scripts/bench_train.py [--steps 5] [--only tiny]
+    python scripts/bench_train.py                 # quick (make bench): the default run only
+    python scripts/bench_train.py --full          # README numbers: + model=smollm2 (minutes per iteration)
+    python scripts/bench_train.py [--steps 5] [--only tiny|smollm2]
 
 Each configuration runs in its own subprocess through the real CLI (so peak RSS is its own), one
 after the other in this run; the table reports both and their ratio. The first iteration is
@@ -60,11 +62,13 @@ def run(overrides: list[str], steps: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--full", action="store_true", help="also model=smollm2 (default: the tiny default run)")
     parser.add_argument("--only", choices=["tiny", "smollm2"])
     args = parser.parse_args()
+    only = args.only or (None if args.full else "tiny")
     rows = []
     for name, overrides in CONFIGS.items():
-        if args.only and not name.startswith(args.only):
+        if only and not name.startswith(only):
             continue
         r = run(overrides, args.steps)
         steady = r["times"][1:] or r["times"]

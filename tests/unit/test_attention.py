@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from lit_ppo.attention import NAME, float32_on_cpu_attention, use_float32_attention_on_cpu
-from lit_ppo.models import load_causal_lm, token_logprobs
+from lit_ppo.models import load_causal_lm
 from lit_ppo.packing import packed_hidden_states, packing_supported, padded_hidden_states
 from lit_ppo.rollout.engine import SamplingParams
 from lit_ppo.rollout.hf_engine import HFEngine
+
+from .test_bf16 import gap
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -98,19 +100,5 @@ def test_the_engine_samples_what_the_bf16_mixed_trainer_computes_with_it():
     prompts = [[5, 9, 13, 2], [7, 3]]
     out = HFEngine(model, tok, autocast="bfloat16").generate(
         prompts, SamplingParams(n=4, max_new_tokens=8, temperature=1.0, seed=0))
-    rows = [(p, c) for p, cs in zip(prompts, out) for c in cs]
-    width = max(len(p) + len(c.token_ids) for p, c in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.bool)
-    loss_mask = torch.zeros_like(mask)
-    behave = torch.zeros(len(rows), width)
-    for i, (p, c) in enumerate(rows):
-        n = len(p) + len(c.token_ids)
-        ids[i, :n] = torch.tensor(p + c.token_ids)
-        mask[i, :n] = True
-        loss_mask[i, len(p):n] = True
-        behave[i, len(p):n] = torch.tensor(c.logprobs)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        logp, _ = token_logprobs(model, ids, mask, loss_mask=loss_mask)
-    gap = float((logp - behave).abs()[loss_mask].mean())
-    assert gap < 1e-5, gap  # measured 1e-7
+    measured = gap(model, prompts, out, bf16=True)
+    assert measured < 1e-5, measured  # measured 1e-7
