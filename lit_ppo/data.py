@@ -277,7 +277,7 @@ class RolloutDataModule(L.LightningDataModule):
         self._queued = [RolloutBatch(**batch) for batch in (queues[rank] if queues else [])]
 
     def _build_engine(self, module) -> RolloutEngine:
-        policy = module.full_policy()  # the engine's own copy of the weights (gathered if sharded)
+        policy = module.full_policy()  # the policy, or a model of its gathered / merged weights
         if self.engine_name == "hf":
             from lit_ppo.rollout.hf_engine import HFEngine
 
@@ -285,7 +285,12 @@ class RolloutDataModule(L.LightningDataModule):
             # Under trainer.precision=bf16-mixed / 16-mixed the engine autocasts as the trainer does, on
             # every thread (the producer's does not inherit the trainer's autocast): same log-probs.
             kwargs = {"autocast": _trainer_autocast(self.trainer), **self.engine_kwargs}
-            engine = HFEngine(policy, module.tokenizer, device=device, **kwargs)
+            # Synchronously, sampling and training take turns: the engine samples from the policy
+            # itself (no second copy of the weights) unless it needs one of its own: in another dtype
+            # or on another device, beside a producer thread's training, or a gathered / merged model.
+            share = (policy is module.policy and self.max_head_offpolicyness == 0 and self.devices is None
+                     and kwargs.get("dtype") in (None, "auto"))
+            engine = HFEngine(policy, module.tokenizer, device=device, share_weights=share, **kwargs)
         else:
             from lit_ppo.rollout.vllm_engine import VLLMEngine
 

@@ -1,7 +1,8 @@
 """HFEngine: a rollout engine on a plain transformers causal LM (CPU and GPU, always available).
 
 The engine keeps its own copy of the policy weights, so sampling never touches the trainer's
-parameters, and decodes a batch of left-padded prompts step by step with the model's KV cache,
+parameters (or, in the synchronous loop, where sampling and training take turns, samples from the
+policy itself: ``share_weights``), and decodes a batch of left-padded prompts step by step with the model's KV cache,
 prefilling each prompt once for all its samples and dropping every sequence from the batch as soon
 as it stops.
 Each step samples from ``lit_ppo.sampling.sampling_logits`` (allowed tokens, temperature, top-k,
@@ -19,6 +20,7 @@ the seed, not on which other rows share its batch, how much padding they add or 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import secrets
@@ -50,22 +52,35 @@ class HFEngine:
             computes exactly what the trainer recomputes, also on a producer thread, which does not
             inherit the trainer's autocast (thread-local). None: whatever autocast the caller has.
             The sampling log-softmax is float32 either way (``sampling_logits``).
+        share_weights: sample from ``model`` itself, not a copy, for the synchronous loop, where
+            sampling and training take turns: no second copy of the weights, and ``update_weights``
+            only records the version. The model is in eval mode during each call and returns to its
+            mode after it. Needs ``device`` and ``dtype`` left as the model's.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, device: torch.device | str | None = None,
-                 max_batch_size: int = 256, dtype: str | None = None, autocast: str | None = None):
+                 max_batch_size: int = 256, dtype: str | None = None, autocast: str | None = None,
+                 share_weights: bool = False):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size} is invalid: must be >= 1")
         problem = precision_problem(dtype, autocast)
         if problem:
             raise ValueError(problem)
-        self.model = copy.deepcopy(model)
-        if device is not None:
-            self.model.to(device)
-        if dtype not in (None, "auto"):
-            self.model.to(DTYPES[dtype])
         self.autocast = None if autocast is None else DTYPES[autocast]
-        self.model.eval().requires_grad_(self.autocast is not None)  # see generate
+        self.shares_weights = share_weights
+        if share_weights:
+            own = next(model.parameters()).device
+            if (device is not None and torch.device(device) != own) or dtype not in (None, "auto"):
+                raise ValueError(f"share_weights needs the model's own device ({own}) and dtype, "
+                                 f"not device={device} and dtype={dtype}")
+            self.model = model
+        else:
+            self.model = copy.deepcopy(model)
+            if device is not None:
+                self.model.to(device)
+            if dtype not in (None, "auto"):
+                self.model.to(DTYPES[dtype])
+            self.model.eval().requires_grad_(self.autocast is not None)  # see generate
         self.device = next(self.model.parameters()).device
         self.max_batch_size = max_batch_size
         self.eos_token_id = tokenizer.eos_token_id
@@ -79,18 +94,22 @@ class HFEngine:
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         """``params.n`` completions for each prompt, in prompt order (see the module docstring)."""
-        if self.autocast is None:
-            with torch.inference_mode():
-                return self._generate(prompts, params)
         # Autocast casts each weight once per call instead of once per decoding step: its cache holds
-        # the casts of leaf tensors that require grad (hence the engine's weights do, and inference
-        # mode, which bypasses the cache, is not used). The cache is cleared on the way out, since the
-        # weights may change before the next call.
+        # the casts of leaf tensors that require grad (hence the engine's own weights do) outside
+        # inference mode, and is cleared on the way out, since the weights may change before the next
+        # call. Tensors made in inference mode could not enter the shared policy's next backward pass.
+        no_grad = torch.no_grad() if self.autocast is not None or self.shares_weights else torch.inference_mode()
+        autocast = (torch.autocast(self.device.type, dtype=self.autocast, cache_enabled=True)
+                    if self.autocast is not None else contextlib.nullcontext())
+        training = self.model.training
+        self.model.eval()
         try:
-            with torch.no_grad(), torch.autocast(self.device.type, dtype=self.autocast, cache_enabled=True):
+            with no_grad, autocast:
                 return self._generate(prompts, params)
         finally:
-            torch.clear_autocast_cache()
+            self.model.train(training)
+            if self.autocast is not None:
+                torch.clear_autocast_cache()
 
     def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         if params.n < 1 or params.max_new_tokens < 1:
@@ -181,8 +200,12 @@ class HFEngine:
         """Copy each ``(name, tensor)`` in place into the engine's parameter of that name.
 
         Tensors are consumed one at a time (a generator is fine), so no second full set of weights
-        is ever held; ``copy_`` casts dtype and moves device as needed.
+        is ever held; ``copy_`` casts dtype and moves device as needed. An engine that shares the
+        trainer's weights already has them: it records the version only.
         """
+        if self.shares_weights:
+            self.version = version
+            return
         for name, tensor in weights:
             param = self._params.get(name)
             if param is None:

@@ -20,10 +20,15 @@ from ..integration.test_training import fit
 GROUP = NormConfig(mean_level="group", std_level="group")
 
 
+OWN_COPY = {"dtype": "float32"}
+"""An HF engine with a weight copy of its own (a dtype given): one that samples from the trainer's own
+weights, the synchronous default, cannot go stale."""
+
+
 @pytest.fixture
 def stale_engine(monkeypatch):
     """HFEngine whose weight push claims the new version but keeps the old weights; returns the
-    weights each push was given (those of the trainer after that update)."""
+    weights each push was given (those of the trainer after that update). Use with ``OWN_COPY``."""
     pushed: list[dict[str, torch.Tensor]] = []
 
     def update_weights(self, weights, version):
@@ -46,7 +51,7 @@ def make(tmp_path, recompute: bool, actor_kwargs: dict | None = None, **data_kwa
 
 @pytest.mark.parametrize("recompute", [True, False], ids=["recompute_pass", "first_minibatch"])
 def test_a_stale_engine_stops_the_run_before_training_on_its_batch(tmp_path, stale_engine, recompute):
-    module, data = make(tmp_path, recompute)
+    module, data = make(tmp_path, recompute, engine_kwargs=OWN_COPY)
     with pytest.raises(RuntimeError) as error:
         fit(module, data, tmp_path, max_steps=3)
     message = str(error.value)
@@ -60,7 +65,7 @@ def test_a_stale_engine_stops_the_run_before_training_on_its_batch(tmp_path, sta
 
 
 def test_null_disables_the_check(tmp_path, stale_engine):
-    module, data = make(tmp_path, recompute=True, max_logp_gap=None)
+    module, data = make(tmp_path, recompute=True, max_logp_gap=None, engine_kwargs=OWN_COPY)
     _, rec = fit(module, data, tmp_path, max_steps=2)
     assert module.version == 2 and rec.metrics[-1]["mismatch/logp_abs_diff"] > 1e-3
 
@@ -170,7 +175,7 @@ def test_all_ranks_stop_together_when_one_engine_is_stale(tmp_path):
     # (instead of waiting forever in the next collective).
     callbacks = "[{class_path: tests.faults.stale_engine.StaleEngine, init_args: {rank: 1}}]"
     args = ["fit", "algo=grpo", *FAST, "trainer=ddp", "actor.optimizer.lr=1e-2", "actor.entropy_coef=0.01",
-            "trainer.max_steps=3", f"trainer.callbacks={callbacks}"]
+            "trainer.max_steps=3", f"trainer.callbacks={callbacks}", "rollout.engine_kwargs.dtype=float32"]
     result = run_cli(args, tmp_path, timeout=300, env={"PYTHONPATH": str(REPO)})
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if "rollout=hf: behaviour log-probs differ" in line]

@@ -226,6 +226,39 @@ def test_engine_owns_a_frozen_copy_of_the_weights(model, tok, prompts):
     assert policy.training and all(p.requires_grad for p in policy.parameters())
 
 
+@pytest.mark.parametrize("autocast", [None, "bfloat16"])
+def test_a_weight_sharing_engine_samples_from_the_policy_itself(model, tok, prompts, autocast):
+    """share_weights (the synchronous loop): no copy; it samples what a copying engine samples, from
+    the policy's current weights, in eval mode, and leaves the policy's mode, gradients and weights as
+    they were (a backward pass through the policy still works after it)."""
+    policy = copy.deepcopy(model).train()
+    engine = HFEngine(policy, tok, share_weights=True, autocast=autocast)
+    assert engine.model is policy
+    params = SamplingParams(n=2, max_new_tokens=6, seed=9, temperature=0.8)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # a training step: reaches the engine at once
+    out = engine.generate(prompts, params)
+    copying = HFEngine(policy, tok, autocast=autocast).generate(prompts, params)
+    assert [[c.token_ids for c in g] for g in out] == [[c.token_ids for c in g] for g in copying]
+    # The copy's weights do not require grad, so its kernels may differ (measured 2e-7).
+    torch.testing.assert_close(torch.tensor([x for g in out for c in g for x in c.logprobs]),
+                               torch.tensor([x for g in copying for c in g for x in c.logprobs]), atol=1e-6, rtol=0)
+    assert policy.training and all(p.requires_grad and p.grad is None for p in policy.parameters())
+    policy(input_ids=torch.tensor([prompts[0]])).logits.sum().backward()
+    engine.update_weights(iter([("lm_head.weight", torch.zeros(1))]), version=4)  # nothing to copy
+    assert engine.version == 4
+
+
+def test_a_weight_sharing_engine_needs_the_models_device_and_dtype(model, tok):
+    with pytest.raises(ValueError, match=r"^share_weights needs the model's own device \(cpu\) and dtype, not "
+                                         r"device=None and dtype=bfloat16$"):
+        HFEngine(model, tok, share_weights=True, dtype="bfloat16")
+    with pytest.raises(ValueError, match=r"not device=meta"):
+        HFEngine(model, tok, share_weights=True, device="meta")
+    HFEngine(model, tok, share_weights=True, device="cpu", dtype="auto")
+
+
 def test_update_weights_loads_new_policy_and_sets_version(model, tok, prompts):
     engine = HFEngine(model, tok)
     perturbed = copy.deepcopy(model)
@@ -303,3 +336,30 @@ def test_inverse_cdf_equals_a_flat_float64_cumulative_sum_over_a_large_vocabular
         picked = _inverse_cdf(probs, u, block=block)
         assert torch.equal(picked, expected), V
         assert bool((probs.gather(1, picked[:, None]) > 0).all())
+
+
+def test_the_synchronous_loop_shares_the_policys_weights_and_other_loops_copy_them():
+    """The data module's choice: the synchronous HF engine samples from the policy itself; asynchronous
+    rollouts, another dtype or device, and a gathered / merged policy (FSDP, LoRA) get a copy."""
+    from types import SimpleNamespace
+
+    import lightning as L
+
+    from lit_ppo.data import RolloutDataModule
+
+    tok = tiny_tokenizer()
+    policy = tiny_model(len(tok))
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
+
+    def engine(merged=False, **data_kwargs):
+        module = SimpleNamespace(policy=policy, full_policy=lambda: copy.deepcopy(policy) if merged else policy,
+                                 tokenizer=tok, device=torch.device("cpu"), version=0)
+        data = RolloutDataModule(**data_kwargs)
+        data.trainer = trainer
+        return data._build_engine(module)
+
+    shared = engine()
+    assert shared.shares_weights and shared.model is policy
+    for kwargs in (dict(max_head_offpolicyness=1), dict(engine_kwargs={"dtype": "float32"}), dict(merged=True)):
+        copied = engine(**kwargs)
+        assert not copied.shares_weights and copied.model is not policy, kwargs
