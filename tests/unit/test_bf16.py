@@ -218,7 +218,8 @@ def test_the_engine_autocasts_as_the_trainers_precision(tiny):
         assert _trainer_autocast(trainer) == expected, precision
     # The data module builds its engine with it; rollout.engine_kwargs.autocast overrides it.
     model, tok = tiny
-    module = SimpleNamespace(full_policy=lambda: model, tokenizer=tok, device=torch.device("cpu"), version=0)
+    module = SimpleNamespace(policy=model, full_policy=lambda: model, tokenizer=tok, device=torch.device("cpu"),
+                             version=0)
     trainer = L.Trainer(accelerator="cpu", precision="bf16-mixed", logger=False, enable_checkpointing=False)
     for engine_kwargs, expected in (({}, torch.bfloat16), ({"autocast": None}, None)):
         data = RolloutDataModule(engine_kwargs=engine_kwargs)
