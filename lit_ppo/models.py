@@ -478,7 +478,7 @@ class _SampledTokenLogprobs(torch.autograd.Function):
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0,
                    top_k: int = 0, top_p: float = 1.0, allowed: torch.Tensor | None = None,
-                   loss_mask: torch.Tensor | None = None, chunk_size: int = 1024, with_entropy: bool = False):
+                   loss_mask: torch.Tensor | None = None, chunk_size: int = 128, with_entropy: bool = False):
     """Label-aligned log-probs (and entropies) of ``input_ids`` under the sampling distribution.
 
     Returns ``(logp, entropy)``, float32 ``[B, T]``: ``logp[b, t] = log p(input_ids[b, t] | tokens < t)``

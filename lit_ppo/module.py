@@ -59,8 +59,10 @@ class ModelConfig:
     dtype here warns at fit start."""
     cache_dir: str | None = None
     """Where built / converted models are cached; None for $LIT_PPO_CACHE or ~/.cache/lit_ppo."""
-    logprob_chunk_size: int = 1024
-    """Positions per LM-head chunk when computing log-probs (bounds the [tokens, vocab] logits held at once)."""
+    logprob_chunk_size: int = 128
+    """Positions per LM-head chunk when computing log-probs: bounds the [positions, vocab] logits held at
+    once, which peak at the start of the backward pass, beside every activation (SmolLM2, 16 x 85 tokens,
+    bf16-mixed: peak RSS 5179 MB at 1024, 4643 MB at 128, in the same time)."""
     gradient_checkpointing: bool = False
     """Recompute transformer activations in the backward pass (less memory, more compute)."""
     chat_template: str | None = None
