@@ -129,8 +129,8 @@ class RolloutDataModule(L.LightningDataModule):
             raise ValueError(f"data.max_attempts_factor={max_attempts_factor!r} is invalid: must be a positive integer")
         check_turn_settings(max_turns, turn_discount, prefix="data.")
         check_invalid_reward_action(on_invalid_reward, prefix="data.")
-        if max_logp_gap not in (None, "auto") and (isinstance(max_logp_gap, bool)
-                                                   or not isinstance(max_logp_gap, (int, float)) or not max_logp_gap > 0):
+        if max_logp_gap not in (None, "auto") and (
+                isinstance(max_logp_gap, bool) or not isinstance(max_logp_gap, (int, float)) or not max_logp_gap > 0):
             raise ValueError(f"rollout.max_logp_gap={max_logp_gap!r} is invalid: must be a positive number, 'auto' "
                              f"or null")
         _check_async_settings(max_head_offpolicyness, num_threads)

@@ -2,9 +2,9 @@
 
 The engine keeps its own copy of the policy weights, so sampling never touches the trainer's
 parameters (or, in the synchronous loop, where sampling and training take turns, samples from the
-policy itself: ``share_weights``), and decodes a batch of left-padded prompts step by step with the model's KV cache,
-prefilling each prompt once for all its samples and dropping every sequence from the batch as soon
-as it stops.
+policy itself: ``share_weights``). It decodes a batch of left-padded prompts step by step with the
+model's KV cache, prefilling each prompt once for all its samples and dropping every sequence from
+the batch as soon as it stops.
 Each step samples from ``lit_ppo.sampling.sampling_logits`` (allowed tokens, temperature, top-k,
 top-p) and records the log-prob of the sampled token under exactly that distribution: the
 trainer's recompute with ``sampling_logprobs`` gives the same number.
