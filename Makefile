@@ -21,8 +21,11 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-nodeps.txt requirem
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
+# Test files run on TEST_WORKERS processes (pytest-xdist); TEST_WORKERS=0 runs them in this one.
+TEST_WORKERS ?= 2
+
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 demo: setup
 	$(PY) -m lit_ppo fit algo=grpo

@@ -61,7 +61,7 @@ COMMON = ["algo=icepop", "eval.max_problems=0", "trainer.enable_checkpointing=fa
           "trainer.enable_progress_bar=false"]
 WORKLOADS = {
     # name: (overrides, model to load once before timing, (quick iterations, repeats), (full iterations, repeats))
-    "tiny": (["model=tiny"], "tiny", (100, 2), (100, 2)),
+    "tiny": (["model=tiny"], "tiny", (40, 1), (100, 2)),
     "smollm2": (["model=smollm2", "data=gsm_symbolic", "data.batch_size=2", "gconfig.n_samples=4",
                  "gconfig.max_new_tokens=64"], "smollm2", (4, 1), (8, 1)),
 }

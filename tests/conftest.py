@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import time
@@ -9,6 +10,39 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+
+SHARED_SESSION_FIXTURES = {
+    "smollm2_cache": ["tests/integration/test_shipped_configs.py", "tests/integration/test_smollm2.py",
+                "tests/unit/test_vllm_engine.py"],
+    "demo_run": ["tests/integration/test_evaluation.py", "tests/integration/test_export.py",
+                 "tests/integration/test_sync_path_unchanged.py"],
+}
+"""The test files that use each expensive session fixture (``smollm2_cache``: a minute's conversion;
+``demo_run``: a 100-iteration run): under pytest-xdist they run on one worker, which builds it once."""
+
+
+_GROUP = {path: fixture for fixture, paths in SHARED_SESSION_FIXTURES.items() for path in paths}
+
+
+def work_unit(nodeid: str) -> str:
+    """What goes to one pytest-xdist worker as a whole: the test's file, or the shared fixture's name
+    for the files listed in SHARED_SESSION_FIXTURES. Module-scoped fixtures are then built once too."""
+    path = nodeid.split("::", 1)[0]
+    return _GROUP.get(path, path)
+
+
+if importlib.util.find_spec("xdist") is not None:
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(config, log):
+        """``make test`` (``pytest -n 2``) schedules whole work units (``work_unit``)."""
+        from xdist.scheduler import LoadScopeScheduling
+
+        class WorkUnitScheduling(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return work_unit(nodeid)
+
+        return WorkUnitScheduling(config, log)
 
 
 @pytest.fixture

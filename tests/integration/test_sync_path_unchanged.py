@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,12 +22,15 @@ TIMING = ("time/", "perf/")  # wall-clock, differ from run to run
 
 
 def this_machine() -> dict:
-    """What float32 results depend on besides the code: the CPU, its vector instructions, torch, threads."""
+    """What float32 results depend on besides the code: the CPU, its vector instructions, torch, and the
+    threads of a fresh process like the demo run's (this process's count may have been set by a test)."""
     lines = Path("/proc/cpuinfo").read_text().splitlines()
     model = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
     flags = next(line.split(":", 1)[1].split() for line in lines if line.startswith("flags"))
+    threads = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                             capture_output=True, text=True, check=True).stdout
     return {"cpu": model, "isa": sorted(f for f in set(flags) if f.startswith(("avx", "amx", "fma", "sse4"))),
-            "torch": torch.__version__, "threads": torch.get_num_threads()}
+            "torch": torch.__version__, "threads": int(threads)}
 
 
 def logged_metrics(demo_run) -> dict[str, list[tuple[int, float]]]:
