@@ -1,10 +1,10 @@
 """Asynchronous rollouts benchmark: iterations per second and reward against wall time of synchronous
 training (rollout.max_head_offpolicyness=0) vs a producer thread up to k=1 or 2 policy versions ahead.
 
-    python scripts/bench_async.py          # quick: tiny only, 100 iterations x 2 runs per row (~4 min idle)
+    python scripts/bench_async.py          # quick: tiny only, 40 iterations x 1 run per row (~1 min idle)
     python scripts/bench_async.py --full   # README numbers: tiny (100 x 2) + smollm2 (8 x 1), ~30 min, 2 cores
     python scripts/bench_async.py [--workloads tiny,smollm2] [--ks 0,1,2] [--iterations N] [--repeats R]
-                                  [--threads 2] [--no-sync-ref] [--warmup 2] [--output docs/bench-async.png]
+                                  [--threads 2] [--no-sync-ref] [--warmup 2] [--output FIGURE.png]
                                   [--json out.json] [key=value ...]
     python scripts/bench_async.py --workloads smollm2   # smollm2 smoke check: 4 iterations x 1 run per row
 
@@ -240,7 +240,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before a run is killed (default 3600)")
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "lit_ppo_bench_cache",
                         help="LIT_PPO_CACHE of every run (models built / converted once)")
-    parser.add_argument("--output", type=Path, default=ROOT / "docs" / "bench-async.png", help="the figure")
+    parser.add_argument("--output", type=Path, help="the figure (default: the README's docs/bench-async.png with "
+                                                    "--full, else bench-async.png in the temporary directory)")
     parser.add_argument("--json", type=Path, help="also write every run's metrics here")
     parser.add_argument("overrides", nargs="*", help="more key=value overrides for every run")
     args = parser.parse_args()
@@ -296,6 +297,8 @@ def main() -> None:
         print(f"- {line}")
     print()
     print(table(results, args.warmup))
+    if args.output is None:
+        args.output = ROOT / "docs" / "bench-async.png" if args.full else Path(tempfile.gettempdir()) / "bench-async.png"
     figure(results, args.output, header)
     print(f"\nfigure: {args.output}")
     if args.json:

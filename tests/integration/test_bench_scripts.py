@@ -1,0 +1,32 @@
+"""The benchmarks that ``make bench`` runs without TRL or long training, at toy sizes: they run and
+print their tables, and what they compare agrees."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from .conftest import REPO
+
+
+def run_script(name: str, *args: str) -> str:
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / name), *args], cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_bench_logprob_prints_equal_values_and_the_matmul_floor():
+    out = run_script("bench_logprob.py", "--tokens", "24,40", "--hidden", "16", "--vocab", "96", "--chunk-size", "7",
+                     "--repeats", "1", "--threads", "1")
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [("24", "no"), ("40", "no"), ("24", "yes"), ("40", "yes")]
+    for row in rows:
+        assert float(row[-1]) < 1e-5  # max relative difference of values and gradients, lit_ppo vs naive
+        assert float(row[5].strip().rstrip("x")) > 0  # four matmuls / naive
+
+
+def test_bench_algos_prints_every_pair():
+    out = run_script("bench_algos.py", "--batch", "4", "--length", "16")
+    assert all(name in out for name in ("compute_gae token", "normalize group", "policy_loss fwd+bwd token"))
