@@ -14,7 +14,7 @@ import pytest
 
 SHARED_SESSION_FIXTURES = {
     "smollm2_cache": ["tests/integration/test_shipped_configs.py", "tests/integration/test_smollm2.py",
-                "tests/unit/test_vllm_engine.py"],
+                      "tests/unit/test_vllm_engine.py"],
     "demo_run": ["tests/integration/test_evaluation.py", "tests/integration/test_export.py",
                  "tests/integration/test_sync_path_unchanged.py"],
 }
@@ -35,13 +35,17 @@ def work_unit(nodeid: str) -> str:
 if importlib.util.find_spec("xdist") is not None:
     @pytest.hookimpl(tryfirst=True)
     def pytest_xdist_make_scheduler(config, log):
-        """``make test`` (``pytest -n 2``) schedules whole work units (``work_unit``)."""
+        """``make test`` (``pytest -n 2``) schedules whole work units (``work_unit``) in collection order:
+        the slow fault and integration files first, the many quick unit files last, where they fill the
+        gaps. (xdist's default puts the units with the most tests first, which leaves files of a few
+        minute-long tests to run alone at the end.)"""
         from xdist.scheduler import LoadScopeScheduling
 
         class WorkUnitScheduling(LoadScopeScheduling):
             def _split_scope(self, nodeid: str) -> str:
                 return work_unit(nodeid)
 
+        config.option.loadscopereorder = False
         return WorkUnitScheduling(config, log)
 
 
