@@ -35,17 +35,14 @@ def work_unit(nodeid: str) -> str:
 if importlib.util.find_spec("xdist") is not None:
     @pytest.hookimpl(tryfirst=True)
     def pytest_xdist_make_scheduler(config, log):
-        """``make test`` (``pytest -n 2``) schedules whole work units (``work_unit``) in collection order:
-        the slow fault and integration files first, the many quick unit files last, where they fill the
-        gaps. (xdist's default puts the units with the most tests first, which leaves files of a few
-        minute-long tests to run alone at the end.)"""
+        """``make test`` (``pytest -n 2``) schedules whole work units (``work_unit``), those with the most
+        tests first (xdist's order: measured faster here than collection order, 14:50 against 16:32)."""
         from xdist.scheduler import LoadScopeScheduling
 
         class WorkUnitScheduling(LoadScopeScheduling):
             def _split_scope(self, nodeid: str) -> str:
                 return work_unit(nodeid)
 
-        config.option.loadscopereorder = False
         return WorkUnitScheduling(config, log)
 
 
