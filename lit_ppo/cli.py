@@ -57,6 +57,13 @@ EVALUATING = ("validate", "test")
 """Subcommands that score the test split of a trained (or the untrained) model (lit_ppo.evaluation)."""
 
 
+def _print_error(message: str) -> None:
+    """``error: message`` as one write: the ranks of one run share stderr, and print writes the
+    newline in a second call to the file, after which another rank's line may land."""
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+
+
 def conf_dir() -> Path:
     return Path(str(resources.files("lit_ppo.conf")))
 
@@ -452,15 +459,15 @@ def run(argv: list[str]) -> int:
         finally:
             sys.argv = saved_argv
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        _print_error(str(e))
         return 2
     except RunStopped as e:
         log = _keep_traceback(e)
-        print(f"error: {e}" + (f" (traceback in {log})" if log else ""), file=sys.stderr)
+        _print_error(f"{e}" + (f" (traceback in {log})" if log else ""))
         return 1
     except Exception as e:  # jsonargparse parse errors arrive as ArgumentError / ValueError
         if type(e).__name__ in ("ArgumentError", "NSKeyError") or isinstance(e, SystemExit):
-            print(f"error: {explain_parser_error(e)}", file=sys.stderr)
+            _print_error(explain_parser_error(e))
             return 2
         raise
     signum = received_signal()
