@@ -45,18 +45,17 @@ def logged_metrics(demo_run) -> dict[str, list[tuple[int, float]]]:
 def test_default_run_metrics_are_bit_identical_to_the_recording(demo_run):
     """The default run (synchronous, rollout.max_head_offpolicyness=0) must stay exactly as recorded.
     Bit for bit only on the kind of machine that recorded it: other kernels round differently."""
+    machine = this_machine()
     if os.environ.get("LIT_PPO_RECORD_DEFAULT_RUN") == "1":
-        import subprocess
-
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         source = (f"python -m lit_ppo fit algo=grpo (the demo run) on the tree of commit {head} and its changes; "
                   f"every MLflow metric except time/* and perf/*, as [step, value] pairs in step order")
-        FIXTURE.write_text(json.dumps({"source": source, "recorded_on": this_machine(),
+        FIXTURE.write_text(json.dumps({"source": source, "recorded_on": machine,
                                        "metrics": logged_metrics(demo_run)}, indent=1) + "\n")
         pytest.skip(f"recorded {FIXTURE}")
     fixture = json.loads(FIXTURE.read_text())
-    if this_machine() != fixture["recorded_on"]:
-        pytest.skip(f"recorded on {fixture['recorded_on']}, this is {this_machine()}")
+    if machine != fixture["recorded_on"]:
+        pytest.skip(f"recorded on {fixture['recorded_on']}, this is {machine}")
     expected = {key: [(step, value) for step, value in pairs] for key, pairs in fixture["metrics"].items()}
     logged = logged_metrics(demo_run)
     for key in sorted(expected.keys() & logged.keys()):
