@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import MLFlowLogger
 
 
@@ -16,7 +17,9 @@ class ExportModel(L.Callback):
 
     Args:
         dirpath: where to write; None for ``<trainer.default_root_dir>/model``, which the CLI makes the
-            run directory. An earlier export there is replaced.
+            run directory. An earlier export there is replaced; a place whose replacement would take
+            the run's own files with it (the run directory or an ancestor, a checkpoint directory, the
+            base model) is refused when fit starts.
     """
 
     def __init__(self, dirpath: str | Path | None = None):
@@ -27,6 +30,29 @@ class ExportModel(L.Callback):
             return Path(self.dirpath)
         return Path(trainer.default_root_dir) / "model"
 
+    def on_fit_start(self, trainer: L.Trainer, pl_module) -> None:
+        # The first hook where every checkpoint callback's directory is resolved; nothing is trained yet.
+        from lit_ppo.export import base_model_paths, relation
+
+        output = self.output_dir(trainer)
+        reads = {f"the checkpoint directory of {type(cb).__name__}": cb.dirpath
+                 for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath}
+        model_cfg = getattr(pl_module, "model_cfg", None)
+        reads.update(base_model_paths(model_cfg) if model_cfg is not None else {})
+        for what, path in reads.items():
+            self._refuse(output, relation(output, path), what, path)
+        how = relation(output, trainer.default_root_dir)
+        if how != "is inside":  # the run directory holds the export itself, <run dir>/model
+            self._refuse(output, how, "the run directory (trainer.default_root_dir)", trainer.default_root_dir)
+
+    @staticmethod
+    def _refuse(output: Path, how: str | None, what: str, path) -> None:
+        from lit_ppo.cli_errors import ConfigError
+
+        if how is not None:
+            raise ConfigError(f"ExportModel dirpath={output}: {how} {what} {path}, which the export at the end "
+                              f"of fit would overwrite: give a directory apart from it")
+
     def on_train_end(self, trainer: L.Trainer, pl_module) -> None:
         policy = pl_module.full_policy()  # every rank: sharded weights are gathered from all of them
         if not trainer.is_global_zero:
@@ -34,7 +60,8 @@ class ExportModel(L.Callback):
         from lit_ppo.export import write_model_dir
 
         was_training = policy.training
-        path = write_model_dir(policy.eval(), pl_module.tokenizer, self.output_dir(trainer), overwrite=True)
+        path = write_model_dir(policy.eval(), pl_module.tokenizer, self.output_dir(trainer), overwrite=True,
+                               flag="the export")
         policy.train(was_training)
         for logger in trainer.loggers:
             if isinstance(logger, MLFlowLogger):

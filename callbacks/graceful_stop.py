@@ -1,4 +1,5 @@
-"""End every run with ``last.ckpt`` holding its last completed iteration, also on SIGTERM / SIGINT / SIGUSR1.
+"""End every run with ``last.ckpt`` holding its last completed iteration: at the end, on SIGTERM / SIGINT /
+SIGUSR1, and when the run fails between iterations.
 
 A scheduler's preemption (Slurm, Kubernetes, ``docker stop``) sends SIGTERM and waits a grace period
 before SIGKILL; Ctrl-C sends SIGINT. The first signal lets the current iteration finish (update and
@@ -8,7 +9,12 @@ number (143, 130) and marks the MLflow run KILLED. SIGUSR1, Slurm's warning befo
 script requeues the job. A second signal while the iteration is still
 generating abandons it at once; ``last.ckpt`` then holds the iteration before it, with the prompt
 stream where that iteration left it, so a resume replays exactly. A second signal during the update
-waits for the update (seconds), so that half-updated weights are never saved.
+waits for the update (seconds), so that half-updated weights are never saved. A failure recorded with
+``lit_ppo.stop_requests.fail_after_iteration`` stops at the boundary the same way.
+
+``last.ckpt`` of the final iteration is written before the final evaluation, so an evaluation that
+fails loses no training; an error raised while a batch is generated or scored (a reward function that
+raises or exits, a filter that starves the batch) writes ``last.ckpt`` of the iteration before it.
 """
 
 from __future__ import annotations
@@ -21,30 +27,8 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-_received: list[int] = []  # signals are per process, and so is the record of one
-
-
-def received_signal() -> int | None:
-    """The first stop signal received during this process's latest fit, or None."""
-    return _received[0] if _received else None
-
-
-def request_stop(signum: int) -> None:
-    """Stop this process's fit at the next iteration boundary as if it had received ``signum``: for a fit
-    whose signals reach another process (a Ray Train worker's, whose driver relays them)."""
-    if not _received:
-        _received.append(signum)
-
-
-def mark_runs_killed(trainer: L.Trainer) -> None:
-    """Mark the trainer's MLflow runs KILLED (Lightning finalizes them as FINISHED or FAILED)."""
-    if not trainer.is_global_zero:
-        return
-    for logger in trainer.loggers:
-        run_id = getattr(logger, "run_id", None)
-        if run_id and hasattr(logger.experiment, "set_terminated"):
-            logger.experiment.set_terminated(run_id, "KILLED")
+from lit_ppo.stop_requests import (SIGNALS, forget_stop_requests, received_signal, record_signal, signal_name,
+                                   stop_requested)
 
 
 class GracefulStop(L.Callback):
@@ -59,23 +43,24 @@ class GracefulStop(L.Callback):
         self._previous: dict[int, object] = {}
         self._trainer: L.Trainer | None = None
         self._saved_step = -1
+        self._last_before: tuple | None = None
 
     # ------------------------------------------------------------------ signals
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
         self._trainer = trainer
-        _received.clear()  # a signal stops the fit it arrived in, not a later one in this process
+        forget_stop_requests()  # a request stops the fit it arrived in, not a later one in this process
         if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers can only be set from the main thread; see request_stop
+            return  # signal handlers can only be set from the main thread; see record_signal
         for signum in SIGNALS:
             self._previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._handle)
 
     def _handle(self, signum: int, frame) -> None:
-        name = signal.Signals(signum).name
+        name = signal_name(signum)
         trainer = self._trainer
         generating = bool(getattr(trainer.datamodule, "collecting", False))
-        if not _received:
-            _received.append(signum)
+        if received_signal() is None:
+            record_signal(signum)
             self._say(f"received {name}: finishing iteration {trainer.global_step + 1}, then writing last.ckpt "
                       f"(send {name} again to abandon the iteration)")
         elif generating:
@@ -86,8 +71,12 @@ class GracefulStop(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         # A signal may reach one rank only (kill <pid>): every rank stops at the same boundary.
-        if trainer.strategy.reduce_boolean_decision(bool(_received), all=False):
+        stopping = trainer.strategy.reduce_boolean_decision(stop_requested(), all=False)
+        if stopping:
             trainer.should_stop = True
+        if (stopping or 0 < trainer.max_steps <= trainer.global_step) and trainer.global_step > self._saved_step:
+            # Before the final evaluation, which may fail (a reward that breaks on the test split).
+            self._write_last(trainer)
 
     def teardown(self, trainer: L.Trainer, pl_module, stage: str) -> None:
         for signum, handler in self._previous.items():
@@ -96,25 +85,39 @@ class GracefulStop(L.Callback):
 
     # ------------------------------------------------------------------ last.ckpt
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
+        # Lightning calls this before the file is written: the step is saved (on every rank, so that
+        # none writes it again alone), but last.ckpt holds it only once the file has been replaced,
+        # which a refused write (a full disk) never does.
         self._saved_step = trainer.global_step
+        self._last_before = _file_identity(self._last_path(trainer))
 
     def on_train_end(self, trainer: L.Trainer, pl_module) -> None:
-        if trainer.global_step > self._saved_step and (_received or self._keeps_last(trainer)):
+        if trainer.global_step > self._saved_step and (stop_requested() or self._keeps_last(trainer)):
             self._write_last(trainer)
-        if _received:
-            self._say(f"stopped by {signal.Signals(_received[0]).name} after iteration {trainer.global_step}; "
+        if received_signal() is not None:
+            self._say(f"stopped by {signal_name(received_signal())} after iteration {trainer.global_step}; "
                       f"resume with --ckpt_path {self._last_path(trainer)}")
+        elif stop_requested():
+            self._say(f"stopped after iteration {trainer.global_step}; resume with --ckpt_path "
+                      f"{self._last_path(trainer)}")
 
     def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
-        # Abandoned while generating: the weights are those of the last completed iteration and the
-        # prompt stream reports the position where that iteration ended. Ranks would have to meet in
-        # the checkpoint's barrier after an abandon, which they cannot be relied on to do.
-        abandoned = isinstance(exception, KeyboardInterrupt) and _received
-        if (abandoned and getattr(trainer.datamodule, "collecting", False) and trainer.world_size == 1
-                and trainer.global_step > self._saved_step):
+        if trainer.state.fn != "fit" or trainer.global_step == 0:
+            return
+        # Stopped while a batch was generated or scored, or during an evaluation (a second signal, a
+        # reward function that raised or exited): the weights are those of the last completed iteration
+        # and the prompt stream reports the position where that iteration ended, so last.ckpt can hold it.
+        # Ranks would have to meet in the checkpoint's barrier, which they cannot be relied on to do after
+        # one of them failed.
+        between = getattr(trainer.datamodule, "collecting", False) or trainer.validating
+        if between and trainer.world_size == 1 and trainer.global_step > self._saved_step:
             self._write_last(trainer)
-            self._say(f"last.ckpt holds iteration {trainer.global_step}; resume with --ckpt_path "
-                      f"{self._last_path(trainer)}")
+        path = self._last_path(trainer)
+        if self._saved_step == trainer.global_step and _file_identity(path) not in (None, self._last_before):
+            finished = 0 < trainer.max_steps <= trainer.global_step
+            self._say(f"last.ckpt holds iteration {trainer.global_step}" +
+                      (f" (training finished: export it with python -m lit_ppo export --ckpt_path {path} --output DIR)"
+                       if finished else f"; resume with --ckpt_path {path}"))
 
     @staticmethod
     def _keeps_last(trainer: L.Trainer) -> bool:
@@ -130,6 +133,7 @@ class GracefulStop(L.Callback):
     def _write_last(self, trainer: L.Trainer) -> None:
         path = self._last_path(trainer)
         trainer.save_checkpoint(path, weights_only=False)  # the full state: resuming needs it
+        self._saved_step = trainer.global_step
         for cb in trainer.callbacks:
             if isinstance(cb, ModelCheckpoint) and cb.dirpath and Path(cb.dirpath) == path.parent:
                 cb.last_model_path = str(path)
@@ -137,3 +141,13 @@ class GracefulStop(L.Callback):
     def _say(self, message: str) -> None:
         if self._trainer is None or self._trainer.is_global_zero:
             print(message, file=sys.stderr, flush=True)
+
+
+def _file_identity(path: Path) -> tuple | None:
+    """What tells one file at ``path`` from the next: checkpoints are written to a new file renamed onto
+    the path (lit_ppo.checkpoints), so a completed write changes it and a refused one does not."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino, stat.st_mtime_ns

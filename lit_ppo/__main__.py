@@ -19,10 +19,27 @@ SUBCOMMANDS = ("fit", "validate", "test", "export", "compare", "sweep")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; returns its exit code: 0 when it did its whole job, 2 for bad input, 1 for a
+    failure, 128 + the signal number when a signal stopped it (143 SIGTERM, 130 SIGINT, 138 SIGUSR1)."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
+    from lit_ppo.stop_requests import Stopped, exit_code, exit_on_signals, signal_name
+
+    with exit_on_signals():
+        try:
+            return _dispatch(argv)
+        except Stopped as e:  # a subcommand that has nothing of its own to say about the signal
+            sys.stderr.write(f"error: stopped by {signal_name(e.signum)} during {argv[0]}{STOPPED.get(argv[0], '')}\n")
+            return exit_code(e.signum)
+
+
+STOPPED = {"export": ": nothing was exported (the output directory is as it was)", "compare": ": no table"}
+"""What a subcommand stopped by a signal leaves, after ``stopped by SIGTERM during <subcommand>``."""
+
+
+def _dispatch(argv: list[str]) -> int:
     if argv[0] == "export":
         from lit_ppo.export import main as export_main
 

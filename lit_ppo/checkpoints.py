@@ -5,9 +5,11 @@ or optimizer state hold a non-finite value is refused before anything is written
 streamed into ``<dir>/.<name>.tmp-<random>`` in the destination directory, flushed and fsynced,
 renamed onto ``<dir>/<name>`` with ``os.replace`` (atomic within one filesystem) and the directory
 is fsynced: whatever kills the process, ``<name>`` is the previous checkpoint or the new one, never
-a partial file. Lightning's ``TorchCheckpointIO`` stages the file in ``$TMPDIR`` instead; when that
-is another filesystem its final move is a copy over the existing checkpoint, and a kill during the
-copy leaves a truncated file.
+a partial file. A write the filesystem refuses (a full disk, a quota, a read-only mount, the file size
+limit) stops the run in one line naming the file and the reason (``RunStopped``), the temporary file
+removed and the previous checkpoint kept. Lightning's ``TorchCheckpointIO`` stages the file in
+``$TMPDIR`` instead; when that is another filesystem its final move is a copy over the existing
+checkpoint, and a kill during the copy leaves a truncated file.
 
 Content digest: ``torch.load`` does not check the zip CRC of tensor records, so a flipped bit in a
 weight loads silently. Every checkpoint written here therefore carries the SHA-256 of its content
@@ -36,10 +38,12 @@ import errno
 import hashlib
 import inspect
 import os
+import re
 import secrets
 import shutil
+import sys
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -181,24 +185,55 @@ def _remove_stale_temps(directory: str, name: str) -> None:
                 os.unlink(os.path.join(directory, entry))
 
 
-def write_atomically(checkpoint: dict, path: str) -> None:
-    """``torch.save(checkpoint)`` to the local ``path`` so that ``path`` is never partially written."""
+def os_error(error: BaseException) -> OSError | None:
+    """The operating system's error behind a failed write, or None: ``error`` itself, one it was
+    raised from or while handling (``torch.save`` reports its file's failed write as a RuntimeError
+    raised while handling the OSError), or the one that safetensors' writer names in its message
+    (``... (os error 28)``)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError):
+            return error
+        number = re.search(r"\(os error (\d+)\)", str(error))
+        if number:
+            return OSError(int(number[1]), os.strerror(int(number[1])))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def write_file_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], None], what: str) -> None:
+    """``write(f)`` into a temporary file beside the local ``path``, fsynced and renamed onto it, so
+    that ``path`` is never partially written. A write that the filesystem refuses (full, over quota,
+    read-only, beyond the file size limit) is a RunStopped of one line naming ``what``, the file and the
+    reason: the temporary file is removed and ``path`` keeps its previous content."""
     path = os.path.abspath(path)
     directory, name = os.path.split(path)
-    os.makedirs(directory, exist_ok=True)
-    temp, fd = _create_temp(directory, name)
+    temp = None
     try:
+        os.makedirs(directory, exist_ok=True)
+        _remove_stale_temps(directory, name)  # first: on a full disk their room is needed
+        temp, fd = _create_temp(directory, name)
         with os.fdopen(fd, "wb") as f:
-            torch.save(checkpoint, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(temp, path)
-    except BaseException:  # KeyboardInterrupt and SystemExit too: no temporary file is left behind
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
+    except BaseException as e:  # KeyboardInterrupt and SystemExit too: no temporary file is left behind
+        if temp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+        cause = os_error(e) if isinstance(e, Exception) else None
+        if cause is None:
+            raise
+        kept = f"the previous {what} is kept" if os.path.exists(path) else f"no {what} was written"
+        raise RunStopped(f"cannot write {what} {path}: {cause.strerror or cause} ({kept})") from e
     _fsync_directory(directory)
-    _remove_stale_temps(directory, name)
+
+
+def write_atomically(checkpoint: dict, path: str) -> None:
+    """``torch.save(checkpoint)`` to the local ``path`` through ``write_file_atomically``."""
+    write_file_atomically(path, lambda f: torch.save(checkpoint, f), "checkpoint")
 
 
 def first_non_finite(sections: dict) -> str | None:
@@ -247,17 +282,24 @@ def write_meta(checkpoint: dict, shards: dict[str, str], path: str | os.PathLike
 def replace_directory(temp: str | os.PathLike, path: str | os.PathLike) -> None:
     """Publish the complete directory ``temp`` as ``path``. A directory cannot be renamed onto a
     non-empty one, so the old one moves aside first (to ``.<name>.old-<random>``): a kill between the
-    two renames leaves it there, complete, and ``read_checkpoint`` names it."""
+    two renames leaves it there, complete, and ``read_checkpoint`` names it; an error between them
+    moves it back."""
     path = os.path.abspath(path)
     directory, name = os.path.split(path)
-    for entry in os.listdir(temp):  # the shard files' data, before the renames make them visible
-        with open(os.path.join(temp, entry), "rb") as f:
-            os.fsync(f.fileno())
+    for root, _, files in os.walk(temp):  # the files' data, before the renames make them visible
+        for entry in files:
+            with open(os.path.join(root, entry), "rb") as f:
+                os.fsync(f.fileno())
     old = None
     if os.path.lexists(path):
         old = os.path.join(directory, f".{name}.old-{secrets.token_hex(8)}")
         os.rename(path, old)
-    os.rename(temp, path)
+    try:
+        os.rename(temp, path)
+    except BaseException:
+        if old is not None:
+            os.rename(old, path)
+        raise
     _fsync_directory(directory)
     if old is not None:
         shutil.rmtree(old) if os.path.isdir(old) and not os.path.islink(old) else os.unlink(old)
@@ -266,6 +308,8 @@ def replace_directory(temp: str | os.PathLike, path: str | os.PathLike) -> None:
 def remove_stale_directories(path: str | os.PathLike) -> None:
     """Temporary and set-aside directories of ``path`` left by killed writers."""
     directory, name = os.path.split(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        return
     for entry in os.listdir(directory):
         if entry.startswith((f".{name}.tmp-", f".{name}.old-")):
             shutil.rmtree(os.path.join(directory, entry), ignore_errors=True)
@@ -374,8 +418,14 @@ def model_identity(source: str) -> str:
     return source
 
 
+DATA_PATH_FIELDS = ("train_path", "test_path")
+"""Task fields naming data files: the record holds their content's SHA-256 too (``task.<field>.sha256``)."""
+DATA_DIGEST_SUFFIX = ".sha256"
+
+
 def task_identity(task: Any) -> dict[str, Any]:
-    """``task``'s class and its plain-valued dataclass init fields, as ``task`` / ``task.<field>``."""
+    """``task``'s class and its plain-valued dataclass init fields, as ``task`` / ``task.<field>``, and
+    the content digest of the data files of ``DATA_PATH_FIELDS`` (``lit_ppo.tasks.dataset.data_digest``)."""
     cls = type(task)
     out: dict[str, Any] = {"task": f"{cls.__module__}.{cls.__qualname__}"}
     if dataclasses.is_dataclass(task):
@@ -384,6 +434,12 @@ def task_identity(task: Any) -> dict[str, Any]:
             value = os.fspath(value) if isinstance(value, os.PathLike) else value
             if f.init and not f.name.startswith("_") and _plain(value):
                 out[f"task.{f.name}"] = value
+    for name in DATA_PATH_FIELDS:
+        path = out.get(f"task.{name}")
+        if isinstance(path, str) and os.path.exists(path):
+            from lit_ppo.tasks.dataset import data_digest
+
+            out[f"task.{name}{DATA_DIGEST_SUFFIX}"] = data_digest(path)
     return out
 
 
@@ -456,7 +512,8 @@ def check_resume(ckpt_path: str, tree: dict) -> None:
     """Refuse, with one-line ValueError naming the file, a ``--ckpt_path`` this run cannot resume
     from: missing, a directory, unreadable, not loadable (truncated, corrupted), failing its digest,
     holding non-finite weights / optimizer state, or made with a different algorithm, model or task
-    than ``tree`` (LightningCLI's config tree). Lightning's own values ('last', 'best', 'hpc',
+    than ``tree`` (LightningCLI's config tree); a data file whose content changed at the same path
+    only gets a ``note:`` line on stderr. Lightning's own values ('last', 'best', 'hpc',
     'registry[:...]') and remote URLs are left to the trainer."""
     path = os.fspath(ckpt_path)
     if path in LIGHTNING_CKPT_VALUES or path.startswith("registry:") or "://" in path:
@@ -466,9 +523,19 @@ def check_resume(ckpt_path: str, tree: dict) -> None:
     saved = checkpoint.get(RECORD_KEY)
     if not isinstance(saved, dict):
         raise ValueError(f"{where}: was not written by lit_ppo (no '{RECORD_KEY}' record of its algo, model and task)")
-    differences = _differences({k: v for k, v in saved.items() if k != RUN_KEY}, expected_record(tree))
+    recorded, expected = {k: v for k, v in saved.items() if k != RUN_KEY}, expected_record(tree)
+    differences = _differences(*({k: v for k, v in record.items() if not k.endswith(DATA_DIGEST_SUFFIX)}
+                                 for record in (recorded, expected)))
     if differences:
         raise ValueError(f"{where}: was made with a different run: {'; '.join(differences)}")
+    # A data file fixed at the same path is no reason to refuse, but the run must say it reads other data
+    # (a checkpoint written without digests says nothing).
+    for key, digest in expected.items():
+        if key.endswith(DATA_DIGEST_SUFFIX) and recorded.get(key, digest) != digest:
+            name = key.removesuffix(DATA_DIGEST_SUFFIX)
+            print(f"note: {where}: data.task_kwargs.{name.removeprefix('task.')}={expected[name]} changed since "
+                  f"the checkpoint was written (its SHA-256 differs): the resumed run trains on the changed data",
+                  file=sys.stderr, flush=True)
 
 
 def read_checkpoint(ckpt_path: str) -> dict:

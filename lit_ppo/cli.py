@@ -3,14 +3,17 @@
 Hydra composes ``conf/`` with the user's ``group=option`` / ``key=value`` overrides; the result is
 mapped onto LightningCLI's argument tree, validated, written to a YAML file and handed to the same
 LitPPOCLI that ``--config run.yaml`` uses, so both paths validate, instantiate and save the config
-identically and ``--print_config`` output replays exactly.
+identically and ``--print_config`` output replays exactly. The names ``--print_config`` and the MLflow
+params show (``data.gconfig.n_samples``, ``model.actor.eps_clip``) work as overrides too.
 """
 
 from __future__ import annotations
 
 import difflib
 import inspect
+import re
 import sys
+import typing
 import tempfile
 from dataclasses import fields, is_dataclass
 from importlib import resources
@@ -23,9 +26,9 @@ from lightning.pytorch.cli import LightningCLI
 
 from lit_ppo.cli_errors import (ConfigError, check_trainer, explain_hydra_error, explain_parser_error, flag_value,
                                 read_config_file, split_arguments)
-from lit_ppo.callbacks.graceful_stop import mark_runs_killed, received_signal
 from lit_ppo.checkpoints import check_resume_args, recorded_config
-from lit_ppo.config import EvalConfig, GenerationConfig, PPOActorConfig, PPOCriticConfig
+from lit_ppo.config import (ROLLOUT_KEYS, EvalConfig, GenerationConfig, PPOActorConfig, PPOCriticConfig, check_value,
+                            type_hints, typed_key)
 from lit_ppo.console import quiet_dependencies
 from lit_ppo.data import RolloutDataModule
 from lit_ppo.errors import RunStopped
@@ -35,7 +38,9 @@ from lit_ppo.rollout.producer import decoupled_loss_problem
 from lit_ppo.rollout.workflows import task_name
 from lit_ppo import schedulers
 from lit_ppo.schedulers import scheduler_config
-from lit_ppo.tracking import RUN_DIR_ENV, TrackedConfig, start, start_mlflow_runs
+from lit_ppo.stop_requests import Stopped, exit_code, pending_failure, received_signal, signal_name
+from lit_ppo.tracking import RUN_DIR_ENV, TrackedConfig, end_started_runs, start, start_mlflow_runs
+from lit_ppo.user_exit import user_exit_message
 
 
 # Hydra root key -> path in LightningCLI's tree.
@@ -51,8 +56,12 @@ HYDRA_TO_LIGHTNING = {
     "logger": ("trainer", "logger"),
     "seed": ("seed_everything",),
 }
-ROLLOUT_KEYS = ("engine", "engine_kwargs", "max_logp_gap", "max_head_offpolicyness", "num_threads", "devices")
-"""The rollout group's keys: RolloutDataModule arguments under their own names (rollout.engine -> data.engine)."""
+FLAG_KEYS = ("config", "ckpt_path", "weights_only", "print_config")
+"""LightningCLI's own arguments: flags of the command (``--ckpt_path X``), not config keys."""
+SEED_RANGE = (0, 2**32 - 1)
+"""Seeds numpy (and so Lightning's seed_everything) accepts."""
+NAME_MAX = 255
+"""Bytes in one file name: the run directory's, ``<run name>-YYYYmmdd-HHMMSS`` (``-N`` on a collision)."""
 EVALUATING = ("validate", "test")
 """Subcommands that score the test split of a trained (or the untrained) model (lit_ppo.evaluation)."""
 
@@ -93,12 +102,24 @@ def _on_gpu(on_gpu, otherwise):
     return on_gpu if torch.cuda.is_available() else otherwise
 
 
-def _explain_hydra_error(error: Exception, overrides: list[str]) -> str:
+def _explain_hydra_error(error: Exception, overrides: list[str], typed: list[str]) -> str:
+    """One line for a composition error; ``typed[i]`` is what the user typed for ``overrides[i]``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
     text = str(error)
-    for override in overrides:
+    for override, original in zip(overrides, typed):
         key = override.lstrip("+~").split("=", 1)[0]
         if ("Could not override" in text and f"'{key}'" in text) or f"Key '{key.rsplit('.', 1)[-1]}'" in text:
+            key = original.lstrip("+~").split("=", 1)[0]
             return f"{key} is not a key{_suggest(key)}"
+    if isinstance(error, OverrideParseException) and "Error parsing override" not in text:
+        for original in typed:  # Hydra names no override here: parse them one at a time
+            try:
+                OverridesParser.create().parse_overrides([original])
+            except OverrideParseException as e:
+                return (f"override {original!r} does not parse ({str(e).splitlines()[0]}): quote a value with "
+                        f"special characters, e.g. key='a=b'")
     return explain_hydra_error(error, group_options)
 
 
@@ -110,14 +131,34 @@ def _known_keys() -> dict[str, list[str]]:
             "data": list(inspect.signature(RolloutDataModule.__init__).parameters)[1:],
             "rollout": list(ROLLOUT_KEYS),
             "scheduler": [f.name for cls in (schedulers.SlurmConfig, schedulers.RayConfig) for f in fields(cls)],
-            "trainer": list(inspect.signature(__import__("lightning").Trainer.__init__).parameters)[1:]}
+            "trainer": list(inspect.signature(__import__("lightning").Trainer.__init__).parameters)[1:],
+            "logger": ["class_path", "init_args"]}
+
+
+_SECTION_TYPES = {"actor": PPOActorConfig, "critic": PPOCriticConfig, "gconfig": GenerationConfig,
+                  "eval": EvalConfig, "model": ModelConfig, "data": RolloutDataModule.__init__}
+"""Hydra-side section -> what declares its fields' types (nested sections follow the type hints)."""
+
+
+def _section_keys(section: str) -> list[str]:
+    """The keys of the Hydra-side ``section`` (``actor``, ``actor.optimizer``, ``trainer``); [] where unknown."""
+    root, *rest = section.split(".")
+    if not rest:
+        return _known_keys().get(root, [])
+    owner = _SECTION_TYPES.get(root)
+    for part in rest:
+        hint = type_hints(owner).get(part) if owner is not None else None
+        owner = next((t for t in typing.get_args(hint) or (hint,) if is_dataclass(t)), None)
+    return [f.name for f in fields(owner)] if owner is not None else []
 
 
 def _suggest(key: str) -> str:
+    """`` (did you mean <section>.<field>?)`` for a mistyped ``key``, in the section as typed (a
+    LightningCLI name such as ``model.model.lora_rnk`` included); "" when nothing is close."""
     section, _, name = key.rpartition(".")
-    candidates = _known_keys().get(section.split(".")[0], [])
+    candidates = _section_keys(typed_key(section)) if section else []
     close = difflib.get_close_matches(name, candidates, n=1)
-    return f" (did you mean {section}.{close[0]}?)" if close else ""
+    return f" (did you mean {section}.{close[0]}?)" if close and close[0] != name else ""
 
 
 def _is_group(override: str) -> bool:
@@ -126,24 +167,56 @@ def _is_group(override: str) -> bool:
 
 
 def _add_known_keys(overrides: list[str], composed) -> list[str]:
-    """``section.field=value`` for a field the presets do not set becomes ``+section.field=value``:
-    every dataclass field can be overridden without knowing which keys a preset writes."""
-    from omegaconf import OmegaConf
+    """``section.field=value`` for a field the presets do not set becomes ``+section.field=value``, and
+    ``key={...}`` for a mapping a preset sets ``++key={...}`` (its keys merged into the preset's): every
+    dataclass field can be overridden without knowing which keys a preset writes."""
+    from omegaconf import DictConfig, OmegaConf
 
     known = _known_keys()
     out = []
     for override in overrides:
-        key = override.split("=", 1)[0]
+        key, _, value = override.partition("=")
         parts = key.split(".")
-        absent = OmegaConf.select(composed, key, default=_ABSENT) is _ABSENT
-        if (override[0] not in "+~" and not _is_group(override) and len(parts) >= 2 and absent
-                and parts[1] in known.get(parts[0], ())):
+        current = OmegaConf.select(composed, key, default=_ABSENT)
+        absent = current is _ABSENT
+        if override[0] not in "+~" and isinstance(current, DictConfig) and value.lstrip().startswith("{"):
+            out.append("++" + override)  # keys merged into a preset's mapping (the presets' are closed to new keys)
+            continue
+        # A whole section no preset writes (eval=...) or a field of a section; in a nested config
+        # section (actor.optimizer.*) only its fields, so that a typo is reported with a suggestion.
+        nested = _section_keys(".".join(parts[:-1])) if len(parts) > 2 else []
+        if (override[0] not in "+~" and not _is_group(override) and absent
+                and (parts[1] in known.get(parts[0], ()) and (not nested or parts[-1] in nested)
+                     if len(parts) >= 2 else key in HYDRA_TO_LIGHTNING)):
             override = "+" + override
         out.append(override)
     return out
 
 
 _ABSENT = object()
+
+
+def _typed_overrides(overrides: list[str]) -> list[str]:
+    """The overrides with LightningCLI's names (what ``--print_config`` shows) rewritten to the keys
+    Hydra composes, so that they set the same value as the command line's own names and win over the
+    presets: ``data.gconfig.n_samples=8`` -> ``gconfig.n_samples=8``, ``model.actor.eps_clip`` ->
+    ``actor.eps_clip``, ``data.engine`` -> ``rollout.engine``, ``trainer.logger.init_args.run_name`` ->
+    ``logger.init_args.run_name``, ``seed_everything`` -> ``seed``. ConfigError of one line for a name
+    that only another way can set: a preset group (``model.algo=x``: ``algo=x``) or a flag."""
+    out = []
+    for override in overrides:
+        prefix, key, eq, value = re.fullmatch(r"([+~]*)([^=]*)(=?)(.*)", override, re.S).groups()
+        if key in FLAG_KEYS:
+            raise ConfigError(f"{key} is not a config key: give the flag --{key}" + (f" {value}" if value else ""))
+        typed = typed_key(key)
+        if typed != key and (conf_dir() / typed).is_dir():
+            options = group_options(typed)
+            choice = (value if value in options else
+                      "none" if value.lower() in ("false", "null", "none") and "none" in options else "<option>")
+            raise ConfigError(f"{key}={value} cannot be set here: the {typed} preset sets it: use {typed}={choice} "
+                              f"(one of {', '.join(options)})")
+        out.append(prefix + typed + eq + value)
+    return out
 
 
 def _quoted(value: str) -> str:
@@ -187,7 +260,8 @@ def compose_run(overrides: list[str]) -> tuple[dict, schedulers.JobConfig | None
     from omegaconf.errors import OmegaConfBaseException
 
     _register_resolvers()
-    overrides = _model_dir_overrides(overrides)
+    typed = list(overrides)
+    overrides = _model_dir_overrides(_typed_overrides(overrides))
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             presets = hydra_compose(config_name="config", overrides=[o for o in overrides if _is_group(o)])
@@ -195,7 +269,7 @@ def compose_run(overrides: list[str]) -> tuple[dict, schedulers.JobConfig | None
             cfg = hydra_compose(config_name="config", overrides=overrides)
         tree = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(_explain_hydra_error(e, overrides)) from None
+        raise ConfigError(_explain_hydra_error(e, overrides, typed)) from None
     scheduler = scheduler_config(tree.pop("scheduler", None))
     return to_lightning_tree(tree), scheduler
 
@@ -242,14 +316,51 @@ def _construct(cls, values: Any, key: str):
         return cls(**values)
     except (ValueError, TypeError) as e:
         message = str(e).splitlines()[0]
-        first = message.split("=", 1)[0]
-        if first and " " not in first and not first.startswith(f"{key}."):
-            message = f"{key}.{message}"
+        named = re.match(r"([A-Za-z_][\w.]*)(=| is not a key)", message)  # a key of the section, or nested
+        if named and not named.group(1).startswith(f"{key}."):
+            message = f"{key}.{message}".replace("(did you mean ", f"(did you mean {key}.", 1)
         raise ConfigError(message) from None
+
+
+def _check_seed(key: str, value: Any) -> None:
+    low, high = SEED_RANGE
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{key}={value!r} is invalid: must be an integer in [{low}, {high}]")
+
+
+def _check_logger(trainer: dict) -> None:
+    """``logger.init_args.*`` on top of ``logger=none`` (no logger to give them to)."""
+    logger = trainer.get("logger")
+    if isinstance(logger, dict) and "class_path" not in logger:
+        key = "logger." + next(iter(logger), "init_args")
+        raise ConfigError(f"{key} is given without a logger (logger=none): choose one, logger=mlflow, csv or "
+                          f"tensorboard, or drop {key}")
+
+
+def _check_run_names(trainer: dict) -> None:
+    """A logger's run name must leave the run directory's name, ``<run name>-YYYYmmdd-HHMMSS``, within
+    one file name (with room for the ``-N`` of a collision)."""
+    from lit_ppo.tracking import run_name
+
+    loggers = trainer.get("logger")
+    stamp = len(run_name("x")) - 1
+    longest = NAME_MAX - stamp - len("-99")
+    for spec in loggers if isinstance(loggers, list) else [loggers]:
+        name = (spec.get("init_args") or {}).get("run_name") if isinstance(spec, dict) else None
+        if name is None:
+            continue
+        length = len(run_name(str(name)).encode()) - stamp  # as the directory spells it
+        if length > longest:
+            shown = str(name)[:24] + "..."
+            raise ConfigError(f"logger.init_args.run_name={shown} is invalid: must be at most {longest} characters "
+                              f"(it has {length}): the run directory, <run name>-YYYYmmdd-HHMMSS, is one file name "
+                              f"of at most {NAME_MAX} bytes")
 
 
 def validate(tree: dict, subcommand: str = "fit") -> None:
     """Check a LightningCLI tree for ``subcommand`` before anything is instantiated (no model is loaded)."""
+    if "seed_everything" in tree:
+        _check_seed("seed", tree["seed_everything"])
     model = tree.get("model") or {}
     for name in model:
         if name not in ("model", "actor", "critic", "algo"):
@@ -268,6 +379,15 @@ def validate(tree: dict, subcommand: str = "fit") -> None:
             close = difflib.get_close_matches(name, allowed, n=1)
             hint = f" (did you mean data.{close[0]}?)" if close else ""
             raise ConfigError(f"data.{name} is not a key{hint}; allowed: {', '.join(allowed)}")
+    hints = type_hints(RolloutDataModule.__init__)
+    for name, value in data.items():
+        if name not in ("gconfig", "eval"):  # configs of their own, checked as they are built
+            try:
+                check_value(typed_key(f"data.{name}"), value, hints[name])
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+    if "seed" in data:
+        _check_seed("data.seed", data["seed"])
     gconfig = _construct(GenerationConfig, data.get("gconfig") or {}, "gconfig")
     eval_cfg = _construct(EvalConfig, data.get("eval") or {}, "eval")
     try:  # builds the task (its data, not a model): bad task settings fail here
@@ -289,7 +409,10 @@ def validate(tree: dict, subcommand: str = "fit") -> None:
 
         warnings.warn("actor.reward_norm.mean_level=group with gconfig.n_samples=1: singleton group centering "
                       "erases the task reward", UserWarning, stacklevel=2)
+    _check_logger(tree.get("trainer") or {})
     check_trainer(tree.get("trainer") or {})
+    if subcommand == "fit":
+        _check_run_names(tree.get("trainer") or {})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,12 +454,64 @@ class LitPPOCLI(LightningCLI):
         start_mlflow_runs(trainer, self.config[self.subcommand], self.run_dir)
         return trainer
 
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except SystemExit as e:  # user code (a model, task or callback class) exiting is a failure here
+            raise RunStopped(user_exit_message(e, "while the run was built")) from e
+
     def _run_subcommand(self, subcommand: str) -> None:
         try:
             super()._run_subcommand(subcommand)
+        except SystemExit as e:
+            if received_signal() is not None:  # Lightning exits after a signal that abandoned an iteration
+                raise
+            where = (f"during iteration {self.trainer.global_step + 1}" if subcommand == "fit"
+                     else f"during {subcommand}")
+            raise RunStopped(user_exit_message(e, where)) from e
+        except Exception as e:
+            if not _collective_failure(e, self.trainer):
+                raise
+            raise RunStopped(_lost_peers(self.trainer)) from e
+        except Stopped as e:  # a signal outside the training loop (GracefulStop handles those inside it)
+            e.where = (f"during {subcommand}" if subcommand != "fit" else "before the first iteration"
+                       if self.trainer.global_step == 0 else f"after iteration {self.trainer.global_step}")
+            raise
         finally:
             if received_signal() is not None:
-                mark_runs_killed(self.trainer)
+                end_started_runs("KILLED")
+
+
+def _collective_failure(error: Exception, trainer) -> bool:
+    """Whether ``error`` is a collective that failed because another rank of the run is gone."""
+    import torch.distributed as dist
+
+    if trainer.world_size <= 1:
+        return False
+    text = str(error)
+    return isinstance(error, dist.DistError) or any(
+        marker in text for marker in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
+
+
+def _lost_peers(trainer) -> str:
+    """The one line about the ranks that a collective lost: "" when each of them ended with exit code 1
+    (lit_ppo printed its error line there: one line per failure, from the rank that failed)."""
+    import subprocess
+
+    procs = getattr(trainer.strategy.launcher, "procs", None) or []  # the ranks Lightning started from here
+    lines = [] if procs else ["another rank of the run stopped (see its error)"]
+    for rank, proc in enumerate(list(procs), start=1):
+        try:
+            code = proc.wait(timeout=15)  # it closed its connections: it is ending
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is not None:  # ended: Lightning's process observer must not SIGKILL this process for it
+            procs.remove(proc)
+        if code in (0, 1):
+            continue
+        lines.append(f"rank {rank} " + ("still runs" if code is None else f"was killed by {signal_name(-code)}"
+                                       if code < 0 else f"exited with code {code}"))
+    return f"rank {trainer.global_rank} stopped: {'; '.join(lines)}" if lines else ""
 
 
 # Lightning notes about choices LitPPO makes on purpose: checkpoints hold the weights after the
@@ -358,8 +533,11 @@ def _keep_traceback(error: BaseException) -> Path | None:
 
     run_dir = os.environ.get(RUN_DIR_ENV)
     if run_dir and Path(run_dir).is_dir():
-        with open(Path(run_dir) / "error.log", "a", encoding="utf-8") as log:
-            log.write("".join(traceback.format_exception(error)))
+        try:
+            with open(Path(run_dir) / "error.log", "a", encoding="utf-8") as log:
+                log.write("".join(traceback.format_exception(error)))
+        except OSError:  # the disk that failed the run may refuse the log too: the traceback goes to stderr
+            return None
         return Path(run_dir) / "error.log"
     return None
 
@@ -384,16 +562,41 @@ def _set_key(tree: dict, override: str) -> None:
             raise ConfigError(f"{key}: {part} is not a mapping in the checkpoint's config")
         node = child
     node[path[-1]] = yaml.safe_load(value) if value else None
+    if key == "seed":  # as in fit, where data.seed follows seed
+        tree.setdefault("data", {})["seed"] = node[path[-1]]
+
+
+TRAINED_SECTIONS = ("algo", "model", "actor", "critic", "rejection")
+"""What the model in a checkpoint was trained as: LightningCLI restores it from the checkpoint."""
+
+
+def _check_evaluation_overrides(subcommand: str, overrides: list[str], typed: list[str]) -> None:
+    """ConfigError for an override that ``validate`` / ``test --ckpt_path`` would ignore: the model's
+    settings (LightningCLI takes the checkpoint's) and the logger's (nothing is recorded). ``typed``:
+    ``overrides`` as given, ``overrides`` under Hydra's names."""
+    for original, override in zip(typed, overrides):
+        key = override.lstrip("+~").split("=", 1)[0]
+        typed = original.lstrip("+~")
+        if key.split(".")[0] in TRAINED_SECTIONS:
+            raise ConfigError(f"{typed} cannot be given to {subcommand} --ckpt_path: it scores the checkpoint's "
+                              f"model as trained (algo, model.*, actor.*, critic.* come from the checkpoint); "
+                              f"eval.*, gconfig.*, rollout.*, data.* and trainer.* can change")
+        if key.startswith("logger."):
+            raise ConfigError(f"{typed} cannot be given to {subcommand}: it records nothing (no logger, run "
+                              f"directory or MLflow run); the scores are printed")
 
 
 def evaluation_tree(subcommand: str, ckpt_path: str, overrides: list[str]) -> dict | None:
     """The config of ``validate`` / ``test --ckpt_path``: the run's own, recorded in the checkpoint,
     with ``key=value`` overrides on top (e.g. ``eval.k=16``); None for a checkpoint that records none
-    (then the overrides are fit's, composed from the presets)."""
+    (then the overrides are fit's, composed from the presets). ConfigError for an override of the
+    model's settings, which the checkpoint's replace."""
     try:
         text = recorded_config(ckpt_path)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    typed, overrides = overrides, _typed_overrides(overrides)
+    _check_evaluation_overrides(subcommand, overrides, typed)
     if text is None:
         return None
     groups = [o for o in overrides if _is_group(o)]
@@ -422,7 +625,8 @@ def run(argv: list[str]) -> int:
             if overrides:
                 raise ConfigError("give either Hydra overrides (key=value) or --config run.yaml, not both")
             loaded = read_config_file(config_file)
-            validate({k: v for k, v in loaded.items() if k in ("model", "data", "trainer")}, subcommand)
+            validate({k: v for k, v in loaded.items() if k in ("model", "data", "trainer", "seed_everything")},
+                     subcommand)
             check_resume_args(flags, loaded, error=ConfigError)
             args = [subcommand] + flags
         else:
@@ -455,13 +659,23 @@ def run(argv: list[str]) -> int:
             LitPPOCLI(args)
         except SystemExit:  # Lightning exits after a stop signal that abandoned an iteration
             if received_signal() is None:
-                raise
+                raise  # the parser's own exit (--print_config, --help)
         finally:
             sys.argv = saved_argv
     except ConfigError as e:
         _print_error(str(e))
         return 2
+    except Stopped as e:
+        end_started_runs("KILLED")
+        where = getattr(e, "where", None) or ("during " + subcommand if subcommand in EVALUATING else
+                                             "before the first iteration")
+        what = (": no scores" if subcommand in EVALUATING else
+                ": nothing was trained" if where == "before the first iteration" else "")
+        _print_error(f"stopped by {signal_name(e.signum)} {where}{what}")
+        return exit_code(e.signum)
     except RunStopped as e:
+        if not str(e):  # another process of the run has said why
+            return 1
         log = _keep_traceback(e)
         _print_error(f"{e}" + (f" (traceback in {log})" if log else ""))
         return 1
@@ -469,6 +683,19 @@ def run(argv: list[str]) -> int:
         if type(e).__name__ in ("ArgumentError", "NSKeyError") or isinstance(e, SystemExit):
             _print_error(explain_parser_error(e))
             return 2
-        raise
+        # Anything else failed the run: one line, the traceback kept in the run directory (or, without
+        # one, shown, since it is all there is to go on).
+        log = _keep_traceback(e)
+        if log is None:
+            import traceback
+
+            traceback.print_exception(e)
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        _print_error(f"{type(e).__name__}: {reason}" + (f" (traceback in {log})" if log else ""))
+        return 1
+    failure = pending_failure()
+    if failure is not None:
+        _print_error(failure)
+        return 1
     signum = received_signal()
-    return 0 if signum is None else 128 + signum
+    return 0 if signum is None else exit_code(signum)

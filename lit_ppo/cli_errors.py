@@ -10,7 +10,6 @@ translate the rest into a ``ConfigError`` of one line (the CLI prints it with ex
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
 import logging
 import re
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from lit_ppo.user_code import import_object
 
 
 class ConfigError(ValueError):
@@ -96,6 +97,12 @@ def explain_hydra_error(error: Exception, options_of) -> str:
     if ambiguous:
         return (f"override {ambiguous.group(1)!r} is ambiguous: quote the value (key='a, b') or give a list "
                 f"(key=[a,b])")
+    merge = re.match(r"Error merging override ([^=]*)=(.*)", first)
+    cause = str(error.__cause__ or "")
+    kind = re.search(r"object_type=(dict|list)", cause)
+    if merge and kind:  # a mapping or a list replaced by another kind of value
+        allowed = "a mapping" if kind.group(1) == "dict" else "a list"
+        return f"{merge.group(1)}={merge.group(2)} is invalid: must be {allowed}"
     full_key = getattr(error, "full_key", None)
     if "Missing mandatory value" in first and full_key:
         return f"{full_key} is required: give {full_key}=<value>"
@@ -256,12 +263,10 @@ def _check_callback(index: int, spec: Any) -> None:
     key = f"trainer.callbacks.{index}"
     if not isinstance(spec, dict) or "class_path" not in spec:
         return  # jsonargparse reports other forms with their types
-    path = spec["class_path"]
-    module_name, _, attr = str(path).rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ConfigError(f"{key}.class_path={path!r} cannot be imported ({e})") from None
+        cls = import_object(str(spec["class_path"]), f"{key}.class_path", "Class")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     init_args = spec.get("init_args") or {}
     parameters = inspect.signature(cls.__init__).parameters
     if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):

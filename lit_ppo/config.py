@@ -1,15 +1,21 @@
 """Algorithm configuration: the one schema for presets, Hydra and LightningCLI.
 
 Field names, types and defaults follow AReaL (ALGORITHMS.md section 2); every field is validated in
-``__post_init__`` and an error names the field, the bad value and what is allowed.
+``__post_init__``, against its declared type (``check_fields``, shared by every config section) and then
+its range, and an error names the field, the bad value and what is allowed.
 """
 
 from __future__ import annotations
 
+import collections.abc
+import difflib
+import functools
 import math
+import types
+import typing
 import warnings
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Literal, Union
 
 NORM_LEVELS = ("batch", "group", None)
 REJECTION_LEVELS = ("token", "sequence")
@@ -21,9 +27,135 @@ GAE_UNITS = ("token", "turn")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
+ROLLOUT_KEYS = ("engine", "engine_kwargs", "max_logp_gap", "max_head_offpolicyness", "num_threads", "devices")
+"""The rollout group's keys: RolloutDataModule arguments under their own names (rollout.engine -> data.engine)."""
+LIGHTNING_NAMES = (("model.actor", "actor"), ("model.critic", "critic"), ("model.model", "model"),
+                   ("model.algo", "algo"), ("data.gconfig", "gconfig"), ("data.eval", "eval"),
+                   *((f"data.{key}", f"rollout.{key}") for key in ROLLOUT_KEYS),
+                   ("trainer.logger", "logger"), ("seed_everything", "seed"))
+"""Section of LightningCLI's tree (what ``--print_config`` shows) -> the key typed on the command line."""
+
+
+def typed_key(key: str) -> str:
+    """The command line's name of LightningCLI's dotted ``key``: ``model.actor.eps_clip`` -> ``actor.eps_clip``,
+    ``data.engine`` -> ``rollout.engine``, ``trainer.logger.init_args.run_name`` -> ``logger.init_args.run_name``."""
+    for lightning, typed in LIGHTNING_NAMES:
+        if key == lightning or key.startswith(lightning + "."):
+            return typed + key[len(lightning):]
+    return key
+
 
 def _fail(name: str, value: Any, allowed: str) -> None:
     raise ValueError(f"{name}={value!r} is invalid: must be {allowed}")
+
+
+# ---------------------------------------------------------------------------------------------
+# declared types: every field of every config section is checked against its type hint here
+# ---------------------------------------------------------------------------------------------
+
+_SINGULAR = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "null"}
+_PLURAL = {bool: "true or false values", int: "integers", float: "numbers", str: "strings"}
+
+
+@functools.lru_cache(maxsize=None)
+def type_hints(owner: Any) -> dict[str, Any]:
+    """The resolved type hints of a dataclass or a function (``from __future__`` annotations are text)."""
+    hints = typing.get_type_hints(owner)
+    hints.pop("return", None)
+    return hints
+
+
+def _members(hint: Any) -> tuple:
+    """The alternatives of a union (``X | Y``, ``Optional[X]``), else ``(hint,)``."""
+    return typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else (hint,)
+
+
+def _unchecked(hint: Any) -> bool:
+    origin = typing.get_origin(hint) or hint
+    return hint is Any or origin is collections.abc.Callable or isinstance(hint, (typing.TypeVar, str))
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether ``value``, as YAML / Hydra / Python gives it, is of type ``hint``."""
+    if _unchecked(hint):
+        return True
+    if hint is None or hint is type(None):
+        return value is None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (Union, types.UnionType):
+        return any(_matches(value, member) for member in args)
+    if origin is Literal:  # 1 == True: compare the type too
+        return any(type(value) is type(choice) and value == choice for choice in args)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin in (list, tuple, collections.abc.Sequence) or hint in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(value) == len(args) and all(_matches(v, a) for v, a in zip(value, args))
+        return not args or all(_matches(item, args[0]) for item in value)
+    if origin in (dict, collections.abc.Mapping) or hint in (dict, collections.abc.Mapping):
+        if not isinstance(value, collections.abc.Mapping):
+            return False
+        key_hint, value_hint = args or (Any, Any)
+        return all(_matches(k, key_hint) and _matches(v, value_hint) for k, v in value.items())
+    if is_dataclass(hint) and isinstance(hint, type):
+        if isinstance(value, hint):
+            return True
+        hints = type_hints(hint)
+        return (isinstance(value, collections.abc.Mapping) and set(value) <= set(hints)
+                and all(_matches(v, hints[k]) for k, v in value.items()))
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True  # a typing construct without a runtime check
+
+
+def _join(words: list[str]) -> str:
+    words = list(dict.fromkeys(words))
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def describe(hint: Any, plural: bool = False) -> str:
+    """What ``hint`` allows, in words: ``bool | None`` -> "true, false or null"."""
+    members = _members(hint)
+    if len(members) > 1:
+        words: list[str] = []
+        for member in members:
+            words += ["true", "false"] if member is bool else [describe(member, plural)]
+        return _join(words)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint in _SINGULAR:
+        return (_PLURAL if plural else _SINGULAR).get(hint, "null")
+    if origin is Literal:
+        return ("one of " if len(args) > 1 else "") + _join([repr(a) for a in args])
+    if origin in (list, tuple, collections.abc.Sequence) or hint in (list, tuple):
+        inner = "" if not args or _unchecked(args[0]) else " of " + describe(args[0], plural=True)
+        return ("lists" if plural else "a list") + inner
+    if origin in (dict, collections.abc.Mapping) or hint in (dict, collections.abc.Mapping):
+        inner = "" if not args or _unchecked(args[1]) else f" of {describe(args[0], True)} to {describe(args[1], True)}"
+        return ("mappings" if plural else "a mapping") + inner
+    if is_dataclass(hint):
+        return f"a mapping of {hint.__name__} fields"
+    return getattr(hint, "__name__", str(hint))
+
+
+def check_value(name: str, value: Any, hint: Any) -> None:
+    """ValueError ``<name>=<value!r> is invalid: must be <what hint allows>`` unless ``value`` is of
+    type ``hint`` (bool only true / false, int not bool, float also int; Any and callables unchecked)."""
+    if not _matches(value, hint):
+        _fail(name, value, describe(hint))
+
+
+def check_fields(config: Any, section: str = "") -> None:
+    """Check every field of the dataclass instance ``config`` against its declared type; errors name
+    ``<section>.<field>`` (the bare field without a section)."""
+    hints = type_hints(type(config))
+    for f in fields(config):
+        check_value(f"{section}.{f.name}" if section else f.name, getattr(config, f.name), hints[f.name])
 
 
 def _check_choice(name: str, value: Any, choices: tuple) -> None:
@@ -61,15 +193,24 @@ def _check_positive_int(name: str, value: Any, *, optional: bool = False) -> Non
 
 
 def _as_config(cls: type, name: str, value: Any):
-    """Nested configs arrive as dataclasses, dicts (YAML / Hydra) or None."""
-    if value is None or isinstance(value, cls):
-        return value
-    if isinstance(value, dict):
-        try:
-            return cls(**value)
-        except TypeError as e:
-            raise ValueError(f"{name}: {e}") from None
-    _fail(name, value, f"a {cls.__name__}, a mapping of its fields, or null")
+    """Nested configs arrive as dataclasses, mappings (YAML / Hydra) or None; an error of the nested
+    config names its key under ``name`` (``reward_norm.eps``, ``critic.optimizer.lr``)."""
+    if value is None or isinstance(value, cls) or not isinstance(value, collections.abc.Mapping):
+        return value  # check_fields judges what is neither a config nor a mapping
+    allowed = [f.name for f in fields(cls)]
+    for key in value:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean {name}.{close[0]}?)" if close else ""
+            raise ValueError(f"{name}.{key} is not a key{hint}; allowed: {', '.join(allowed)}")
+    try:
+        return cls(**value)
+    except ValueError as e:
+        message = str(e)
+        parent, _, last = name.rpartition(".")
+        if not message.startswith(last + "."):  # NormConfig's keys carry no section of their own
+            message = f"{last}.{message}"
+        raise ValueError(f"{parent}.{message}" if parent else message) from None
 
 
 @dataclass
@@ -90,6 +231,7 @@ class NormConfig:
     """Group size used only when the batch carries no group sizes; must then divide the batch size."""
 
     def __post_init__(self):
+        check_fields(self)
         _check_choice("mean_level", self.mean_level, NORM_LEVELS)
         _check_choice("std_level", self.std_level, NORM_LEVELS)
         _check_number("eps", self.eps, low=0.0)
@@ -114,6 +256,7 @@ class RejectionSamplingConfig:
     """Lower bound, inclusive, or None for none (clamp sets 0.0)."""
 
     def __post_init__(self):
+        check_fields(self, "rejection_sampling")
         _check_choice("rejection_sampling.level", self.level, REJECTION_LEVELS)
         _check_choice("rejection_sampling.action", self.action, REJECTION_ACTIONS)
         _check_choice("rejection_sampling.metric", self.metric, REJECTION_METRICS)
@@ -170,6 +313,7 @@ class OptimizerConfig:
     """Max global gradient norm per optimizer step, or None for no clipping."""
 
     def __post_init__(self):
+        check_fields(self, "optimizer")
         _check_number("optimizer.lr", self.lr, low=0.0, low_open=True)
         _check_number("optimizer.weight_decay", self.weight_decay, low=0.0)
         _check_number("optimizer.beta1", self.beta1, low=0.0, high=1.0)
@@ -271,6 +415,7 @@ class PPOActorConfig:
         self.adv_norm = _as_config(NormConfig, "adv_norm", self.adv_norm)
         self.rejection_sampling = _as_config(RejectionSamplingConfig, "rejection_sampling",
                                              self.rejection_sampling)
+        check_fields(self)
         _check_positive_int("ppo_n_minibatches", self.ppo_n_minibatches)
         _check_number("eps_clip", self.eps_clip, low=0.0)
         _check_number("eps_clip_higher", self.eps_clip_higher, low=0.0, optional=True)
@@ -347,6 +492,7 @@ class PPOCriticConfig:
 
     def __post_init__(self):
         self.optimizer = _as_config(OptimizerConfig, "critic.optimizer", self.optimizer)
+        check_fields(self, "critic")
         _check_positive_int("critic.mb_max_tokens", self.mb_max_tokens)
         _check_positive_int("critic.ppo_n_minibatches", self.ppo_n_minibatches)
         _check_number("critic.eps_clip", self.eps_clip, low=0.0, low_open=True)
@@ -373,6 +519,7 @@ class GenerationConfig:
     """Extra stop tokens besides the tokenizer's EOS."""
 
     def __post_init__(self):
+        check_fields(self, "gconfig")
         _check_positive_int("gconfig.n_samples", self.n_samples)
         _check_positive_int("gconfig.max_new_tokens", self.max_new_tokens)
         _check_number("gconfig.temperature", self.temperature, low=0.0, low_open=True)
@@ -397,6 +544,7 @@ class EvalConfig:
     """Test problems per generate call (per rank)."""
 
     def __post_init__(self):
+        check_fields(self, "eval")
         if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 0:
             _fail("eval.k", self.k, "an integer >= 0 (0: greedy only)")
         if self.max_problems is not None and (not isinstance(self.max_problems, int)

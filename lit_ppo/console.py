@@ -16,6 +16,9 @@ import warnings
 _NOISE = {
     "lightning.pytorch.utilities.rank_zero": ("litlogger", "litmodels"),
     "vllm.model_executor.model_loader.reload.layerwise": ("Failed to load weights",),
+    # A prompt longer than the tokenizer's model_max_length: RolloutDataModule.setup measures every prompt
+    # against the model's context itself and refuses, in one line, what does not fit.
+    "transformers.tokenization_utils_base": ("Token indices sequence length is longer",),
 }
 """Logger name -> message fragments dropped from it."""
 

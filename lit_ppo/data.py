@@ -12,6 +12,7 @@ collection ahead of the trainer, at most k versions ahead.
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 import time
 from dataclasses import replace
@@ -21,6 +22,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lit_ppo.cli_errors import ConfigError
 from lit_ppo.config import EvalConfig, GenerationConfig
 from lit_ppo.errors import RunStopped
 from lit_ppo.evaluation import SUMS, Evaluation, greedy
@@ -30,9 +32,11 @@ from lit_ppo.rollout.producer import AsyncProducer, SharedEngine, batch_to_dict,
 from lit_ppo.rollout.workflows import (MultiTurnWorkflow, SingleTurnWorkflow, check_invalid_reward_action,
                                        check_turn_settings, is_multi_turn)
 from lit_ppo.tasks import build_task
-from lit_ppo.tasks.user_code import import_object
+from lit_ppo.user_code import describe, import_object
 
 ENGINES = ("hf", "vllm")
+INVALID_REWARDS_HINT = ("rewards must be finite real numbers (data.on_invalid_reward=error stops at the first "
+                        "invalid one, naming its prompt and value)")
 
 
 def import_function(path: str, key: str) -> Callable:
@@ -137,6 +141,8 @@ class RolloutDataModule(L.LightningDataModule):
         _check_devices(devices, engine)
         _check_engine_kwargs(engine_kwargs, engine)
         self.task = build_task(task, **(task_kwargs or {}))
+        self.task_spec = task
+        """``data.task`` as given: a registered name or the dotted path of the user's class."""
         self.gconfig = gconfig or GenerationConfig()
         self.batch_size = batch_size
         self.engine_name = engine
@@ -171,6 +177,9 @@ class RolloutDataModule(L.LightningDataModule):
         self.cursor = 0
         self.requests = 0
         self._empty_in_a_row = 0
+        self._tried_in_a_row = 0
+        self._invalid_in_a_row = 0
+        """Groups tried, and of them dropped for invalid rewards, in the ``_empty_in_a_row`` empty batches."""
         self.collecting = False
         """True while a batch is being generated (from its first prompt until it is handed over)."""
         self._boundary = self._position()
@@ -185,6 +194,89 @@ class RolloutDataModule(L.LightningDataModule):
                               allowed_token_ids=allowed)
 
     # ------------------------------------------------------------------ Lightning hooks
+    def setup(self, stage: str) -> None:
+        """Before the first iteration (or evaluation), with the model's tokenizer at hand: the task's
+        allowed completion tokens must be in its vocabulary and every prompt, with the completion
+        budget, must fit the model's context; a one-line ConfigError otherwise."""
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        tokenizer = getattr(module, "tokenizer", None)
+        if tokenizer is None:
+            return
+        self._check_allowed_tokens(tokenizer)
+        self._check_context(tokenizer, getattr(getattr(module, "policy", None), "config", None), stage)
+
+    def _check_allowed_tokens(self, tokenizer) -> None:
+        if not self.gconfig.restrict_to_task_tokens:
+            return
+        where = f"data.task={self.task_spec!r} with gconfig.restrict_to_task_tokens=true"
+        try:
+            ids = self.task.allowed_completion_tokens(tokenizer)
+        except (Exception, SystemExit) as e:
+            raise ConfigError(f"{where}: allowed_completion_tokens raised {describe(e)}") from None
+        if ids is None:
+            return
+        vocab = len(tokenizer)
+        try:
+            values = list(ids)
+        except TypeError:
+            raise ConfigError(f"{where}: allowed_completion_tokens returned {type(ids).__name__}, not a list of "
+                              f"token ids or None") from None
+        if not values:
+            raise ConfigError(f"{where}: allowed_completion_tokens returned no token ids (None allows all)")
+        outside = [v for v in values if not _token_id(v, vocab)]
+        if outside:
+            raise ConfigError(f"{where}: allowed_completion_tokens returned {len(outside)} token id(s) outside the "
+                              f"tokenizer's vocabulary of {vocab} (ids 0 to {vocab - 1}): "
+                              f"{', '.join(map(repr, outside[:5]))}{', ...' if len(outside) > 5 else ''}")
+
+    def _check_context(self, tokenizer, model_config, stage: str) -> None:
+        """The longest prompt plus ``gconfig.max_new_tokens`` (a multi-turn episode: ``max_turns`` turns
+        of it and the markup of the feedback turns between them, at least) must fit the model's context."""
+        context = _context_length(model_config)
+        if context is None:
+            return
+        workflow = self._workflow(tokenizer, SamplingParams(n=1, max_new_tokens=self.gconfig.max_new_tokens))
+        splits = [("test", self.eval_problem_count())]
+        if stage == "fit":
+            splits.insert(0, ("train", None))
+        longest, where, seen = -1, "", set()
+        for split, count in splits:
+            for i, problem in enumerate(self.task.problems(split)[:count]):
+                text = problem.prompt if problem.messages is None else None
+                if text is not None and text in seen:
+                    continue  # tasks repeat prompts; each is tokenized once
+                seen.add(text)
+                length = len(workflow.prompt_ids(problem.prompt if isinstance(workflow, MultiTurnWorkflow)
+                                                 else problem))
+                if length > longest:
+                    longest, where = length, f"{split} problem {i}"
+        if longest < 0:
+            return
+        new = self.gconfig.max_new_tokens
+        limit = f"the model's context length of {context} (max_position_embeddings in its config)"
+        if not isinstance(workflow, MultiTurnWorkflow):
+            if longest + new > context:
+                fix = (f"lower gconfig.max_new_tokens to {context - longest} or less, or shorten the prompts"
+                       if longest < context else
+                       "the prompt alone does not fit: shorten the prompts (and data.system_prompt) or use a model "
+                       "with a longer context")
+                raise ConfigError(f"gconfig.max_new_tokens={new} and the longest prompt ({longest} tokens, {where}) "
+                                  f"need {longest + new} positions, more than {limit}: {fix}")
+            return
+        turns = self.max_turns
+        eos = tokenizer.eos_token_id
+        markup = len(workflow.feedback_ids("", [] if eos is None else [eos]))  # a feedback turn without its text
+        need = longest + turns * new + (turns - 1) * markup
+        if need > context:
+            fitting = (context - longest + markup) // (new + markup)
+            fix = (f"lower data.max_turns to {fitting} or less, or gconfig.max_new_tokens" if fitting >= 1 else
+                   f"lower gconfig.max_new_tokens to {context - longest} or less with data.max_turns=1"
+                   if longest < context else "the prompt alone does not fit: shorten the prompts")
+            raise ConfigError(f"data.max_turns={turns} turns of gconfig.max_new_tokens={new} after the longest first "
+                              f"prompt ({longest} tokens, {where}), with {turns - 1} feedback turn(s) of at least "
+                              f"{markup} tokens between them, need at least {need} positions, more than {limit}: "
+                              f"{fix}")
+
     def train_dataloader(self) -> Iterator[RolloutBatch]:
         module = self.trainer.lightning_module
         if self.engine is None:
@@ -355,11 +447,17 @@ class RolloutDataModule(L.LightningDataModule):
             if wanted <= 0:
                 break
             if not self.dynamic_bs and tried >= limit:
-                dropped = f" ({invalid} dropped for invalid rewards)" if invalid else ""
+                shortfall = (f"fewer than data.batch_size={self.batch_size} within data.max_attempts_factor="
+                             f"{self.max_attempts_factor}")
+                if self.accept is None or invalid == tried:  # no filter to blame: invalid rewards emptied the batch
+                    lead = (f"every one of the {tried} groups tried was" if invalid == tried else
+                            f"{invalid} of the {tried} groups tried were")
+                    raise RunStopped(f"{lead} dropped for an invalid reward (data.on_invalid_reward=drop), "
+                                     f"{len(accepted)} accepted, {shortfall}: {INVALID_REWARDS_HINT}")
+                dropped = f" ({invalid} dropped for invalid rewards, data.on_invalid_reward=drop)" if invalid else ""
                 raise RunStopped(
                     f"data.dynamic_filter_fn={self.dynamic_filter_fn!r} accepted {len(accepted)} of {tried} groups"
-                    f"{dropped}, fewer than data.batch_size={self.batch_size} within data.max_attempts_factor="
-                    f"{self.max_attempts_factor}: loosen the filter, raise the factor, or use data.dynamic_bs=true")
+                    f"{dropped}, {shortfall}: loosen the filter, raise the factor, or use data.dynamic_bs=true")
             seed = _seed(self.seed, self.trainer.global_rank, self.requests)
             self.requests += 1
             rollout = self.workflow.run(self.engine, self._next_problems(wanted), seed=seed)
@@ -380,15 +478,22 @@ class RolloutDataModule(L.LightningDataModule):
                    "time/generate_s": time.perf_counter() - start}
         if not accepted:
             self._empty_in_a_row += 1
+            self._tried_in_a_row += tried
+            self._invalid_in_a_row += invalid
             if self._empty_in_a_row >= self.max_attempts_factor:
+                iterations = (f"{self._empty_in_a_row} consecutive iterations (data.max_attempts_factor="
+                              f"{self.max_attempts_factor}")
+                if self._invalid_in_a_row == self._tried_in_a_row:  # no filter to blame
+                    raise RunStopped(f"every one of the {self._tried_in_a_row} groups tried in {iterations}) was "
+                                     f"dropped for an invalid reward (data.on_invalid_reward=drop): "
+                                     f"{INVALID_REWARDS_HINT}")
                 dropped = f", the last dropped {invalid} for invalid rewards" if invalid else ""
                 raise RunStopped(
-                    f"data.dynamic_filter_fn={self.dynamic_filter_fn!r} accepted no group in {self._empty_in_a_row} "
-                    f"consecutive iterations (data.max_attempts_factor={self.max_attempts_factor}{dropped}): "
+                    f"data.dynamic_filter_fn={self.dynamic_filter_fn!r} accepted no group in {iterations}{dropped}): "
                     f"loosen the filter")
             batch = _empty_batch()
         else:
-            self._empty_in_a_row = 0
+            self._empty_in_a_row = self._tried_in_a_row = self._invalid_in_a_row = 0
             batch = RolloutBatch.concat(accepted, pad_id=self.workflow.pad_id)
         batch.metrics = metrics
         return batch
@@ -440,6 +545,22 @@ class RolloutDataModule(L.LightningDataModule):
         self._boundary = position  # what state_dict reports while collecting (an abandoned iteration)
         self.producer = None
         torch.set_num_threads(self._trainer_threads)
+
+
+def _token_id(value, vocab: int) -> bool:
+    """Whether ``value`` is an integer token id below ``vocab`` (a bool is not one)."""
+    if isinstance(value, bool):
+        return False
+    try:
+        return 0 <= operator.index(value) < vocab
+    except TypeError:
+        return False
+
+
+def _context_length(config) -> int | None:
+    """The longest sequence a model's config declares (``max_position_embeddings``), None if it declares none."""
+    value = getattr(config, "max_position_embeddings", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _check_async_settings(max_head_offpolicyness, num_threads) -> None:

@@ -10,21 +10,28 @@ loads without peft. ``--adapter ADAPTER_DIR`` also writes its adapter alone, in 
 (``PeftModel.from_pretrained(base, ADAPTER_DIR)``); with ``--adapter`` only, no merged model is written.
 
 Each directory appears in one rename of a complete temporary directory beside it, so it is never
-half written. An existing non-empty one is refused unless ``--overwrite`` is given; it is then
-replaced only once the new export is complete.
+half written; temporary and set-aside directories that a killed export left beside it are removed
+first. Its files get the modes of any new file (0o666 less the umask). An existing non-empty one is
+refused unless ``--overwrite`` is given; it is then replaced only once the new export is complete.
+Neither directory may be, contain or lie inside what export reads (the checkpoint, the base model
+directory or its cache entry), by resolved path: that is refused before any model loads, as is a
+place that cannot be written. A write that fails later (a full disk) is one line, exit code 1, and
+leaves the directory as it was.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import shutil
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 
 from lit_ppo.cli_errors import ConfigError
+from lit_ppo.console import quiet_dependencies
+from lit_ppo.errors import RunStopped
 
 USAGE = "usage: python -m lit_ppo export --ckpt_path CKPT [--output DIR] [--adapter ADAPTER_DIR] [--overwrite]"
 POLICY_PREFIX = "policy."
@@ -38,15 +45,64 @@ def _check_output(output: Path, overwrite: bool, flag: str = "--output") -> None
         raise ConfigError(f"{flag} {output}: exists and is not empty (give --overwrite to replace it)")
 
 
-def write_model_dir(model, tokenizer, output: str | Path, overwrite: bool = False) -> Path:
-    """Write ``model`` and ``tokenizer`` (with its chat template) to ``output`` atomically."""
+def _check_writable(output: Path, flag: str) -> None:
+    """ConfigError (one line) if the directory ``output`` cannot be created or replaced: its nearest
+    existing ancestor is a file or not writable."""
+    parent = output.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {output}: cannot be written, {parent} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        # access() refuses a read-only mount even to root, who may write anywhere else.
+        reason = errno.EROFS if os.statvfs(parent).f_flag & os.ST_RDONLY else errno.EACCES
+        raise ConfigError(f"{flag} {output}: cannot be written, {parent} is not writable ({os.strerror(reason)})")
+
+
+def relation(output: str | Path, other: str | Path) -> str | None:
+    """``"is"``, ``"contains"`` or ``"is inside"``: how the directory ``output`` relates to the path
+    ``other``, each spelled as given (``~`` and ``..`` resolved) and with its symlinks resolved (a
+    symlink is replaced with its directory); None when they are apart."""
+    def spellings(path: str | Path) -> set[Path]:
+        given = os.path.abspath(os.path.expanduser(path))
+        return {Path(given), Path(os.path.realpath(given))}
+
+    outs, reads = spellings(output), spellings(other)
+    for how, test in (("is", lambda o, r: o == r), ("contains", lambda o, r: r.is_relative_to(o)),
+                      ("is inside", lambda o, r: o.is_relative_to(r))):
+        if any(test(o, r) for o in outs for r in reads):
+            return how
+    return None
+
+
+def base_model_paths(cfg) -> dict[str, Path]:
+    """What loading the base model of the ModelConfig ``cfg`` reads, ``{description: path}``: a
+    local model directory, or the cache entry of a named source."""
+    from lit_ppo.models import MODEL_SOURCES, source_cache_entry
+
+    if cfg.source in MODEL_SOURCES:
+        return {f"the cache entry of model.source={cfg.source}": source_cache_entry(cfg.source, cfg.cache_dir)}
+    return {"the base model directory (model.source)": Path(cfg.source).expanduser()}
+
+
+def _check_apart(output: Path, flag: str, reads: dict[str, Path]) -> None:
+    for what, path in reads.items():
+        found = relation(output, path)
+        if found is not None:
+            raise ConfigError(f"{flag} {output}: {found} {what} {path}, which export reads: "
+                              f"give a directory apart from it")
+
+
+def write_model_dir(model, tokenizer, output: str | Path, overwrite: bool = False, flag: str = "--output") -> Path:
+    """Write ``model`` and ``tokenizer`` (with its chat template) to ``output`` atomically; ``flag``
+    names it in errors."""
     from transformers import GenerationConfig
 
     from lit_ppo.models import save_checkpoint
 
     if getattr(model, "generation_config", None) is None:
         model.generation_config = GenerationConfig.from_model_config(model.config)
-    return _publish(output, overwrite, "--output", lambda tmp: save_checkpoint(model, tokenizer, tmp))
+    return _publish(output, overwrite, flag, lambda tmp: save_checkpoint(model, tokenizer, tmp))
 
 
 def write_adapter_dir(policy, output: str | Path, overwrite: bool = False) -> Path:
@@ -56,39 +112,52 @@ def write_adapter_dir(policy, output: str | Path, overwrite: bool = False) -> Pa
     return _publish(output, overwrite, "--adapter", lambda tmp: save_adapter(policy, policy.name_or_path, tmp))
 
 
+def _normal_modes(directory: str) -> None:
+    """Give the files in ``directory`` the mode open() gives a new file (0o666 less the umask, read
+    from a probe file: changing the umask to read it would race other threads); safetensors writes
+    its files private (0o600)."""
+    probe = os.path.join(directory, ".mode-probe")
+    os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    mode = os.stat(probe).st_mode & 0o777
+    os.unlink(probe)
+    for root, _, files in os.walk(directory):
+        for name in files:
+            os.chmod(os.path.join(root, name), mode)
+
+
 def _publish(output: str | Path, overwrite: bool, flag: str, write) -> Path:
-    """``write(tmp)`` into a temporary directory beside ``output``, then rename it onto ``output``."""
+    """``write(tmp)`` into a temporary directory beside ``output`` that then replaces ``output`` whole.
+    A write the filesystem refuses is a RunStopped (one line: ``flag``, the directory, the reason), and
+    ``output`` is left as it was."""
+    from lit_ppo.checkpoints import os_error, remove_stale_directories, replace_directory, temporary_directory
+
     output = Path(output).expanduser().absolute()
     _check_output(output, overwrite, flag)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
-    old = None
+    existed = output.exists()
+    tmp = None
     try:
-        tmp.chmod(0o755)
-        write(tmp)
-        if output.is_dir() and any(output.iterdir()):
-            old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old-", dir=output.parent))
-            output.rename(old / output.name)
-        os.replace(tmp, output)  # onto a missing or empty directory
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not output.exists():
-            (old / output.name).rename(output)
-        raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        remove_stale_directories(output)
+        tmp = temporary_directory(output)
+        write(Path(tmp))
+        _normal_modes(tmp)
+        replace_directory(tmp, output)
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        cause = os_error(e) if isinstance(e, Exception) else None
+        if cause is None:
+            raise
+        kept = "its previous content is kept" if existed else "nothing was written"
+        raise RunStopped(f"{flag} {output}: cannot be written: {cause.strerror or cause} ({kept})") from e
     return output
 
 
-def policy_of_checkpoint(ckpt_path: str | Path, adapter: bool = False):
-    """``(policy, tokenizer)`` of a LitPPO checkpoint: the base model of its ``hyper_parameters``
-    (with its LoRA adapters, if it was trained with them) holding the checkpoint's policy weights.
-    ConfigError (one line) if it cannot be used, or if ``adapter`` and it has no LoRA adapter."""
+def _read(ckpt_path: str | Path, adapter: bool):
+    """``(model config, policy weights, distributed)`` of a verified LitPPO checkpoint; ConfigError
+    (one line) if it cannot be used, or if ``adapter`` and it has no LoRA adapter."""
     from lit_ppo.checkpoints import is_distributed_checkpoint, read_checkpoint
-    from lit_ppo.lora import add_lora
-    from lit_ppo.models import MODEL_SOURCES, load_causal_lm, model_dir_problem, use_chat_template
-    from lit_ppo.module import DTYPES, ModelConfig
+    from lit_ppo.models import MODEL_SOURCES, model_dir_problem
+    from lit_ppo.module import ModelConfig
 
     try:
         checkpoint = read_checkpoint(os.fspath(ckpt_path))
@@ -109,6 +178,14 @@ def policy_of_checkpoint(ckpt_path: str | Path, adapter: bool = False):
         problem = model_dir_problem(cfg.source)
         if problem is not None:
             raise ConfigError(f"--ckpt_path {ckpt_path}: its base model model.source={cfg.source} {problem}")
+    return cfg, weights, distributed
+
+
+def _load(ckpt_path: str | Path, cfg, weights: dict, distributed: bool):
+    from lit_ppo.lora import add_lora
+    from lit_ppo.models import load_causal_lm, use_chat_template
+    from lit_ppo.module import DTYPES
+
     policy, tokenizer = load_causal_lm(cfg.source, cfg.cache_dir, DTYPES[cfg.dtype])
     use_chat_template(tokenizer, cfg.chat_template)
     if cfg.lora_rank:
@@ -118,6 +195,13 @@ def policy_of_checkpoint(ckpt_path: str | Path, adapter: bool = False):
     else:
         policy.load_state_dict(weights, strict=True)
     return policy.eval(), tokenizer
+
+
+def policy_of_checkpoint(ckpt_path: str | Path, adapter: bool = False):
+    """``(policy, tokenizer)`` of a LitPPO checkpoint: the base model of its ``hyper_parameters``
+    (with its LoRA adapters, if it was trained with them) holding the checkpoint's policy weights.
+    ConfigError (one line) if it cannot be used, or if ``adapter`` and it has no LoRA adapter."""
+    return _load(ckpt_path, *_read(ckpt_path, adapter))
 
 
 def _load_shards(ckpt_path: str | Path, policy) -> None:
@@ -151,9 +235,13 @@ def export(ckpt_path: str | Path, output: str | Path | None, overwrite: bool = F
                           f"({USAGE.removeprefix('usage: ')})")
     if len(set(targets.values())) < len(targets):
         raise ConfigError(f"--adapter {adapter}: must be another directory than --output {output}")
-    for flag, path in targets.items():  # before any model loads
+    cfg, weights, distributed = _read(ckpt_path, adapter=adapter is not None)
+    reads = {"the checkpoint": Path(ckpt_path), **base_model_paths(cfg)}
+    for flag, path in targets.items():  # before any model loads; --overwrite cannot lift the first
+        _check_apart(path, flag, reads)
         _check_output(path, overwrite, flag)
-    policy, tokenizer = policy_of_checkpoint(ckpt_path, adapter=adapter is not None)
+        _check_writable(path, flag)
+    policy, tokenizer = _load(ckpt_path, cfg, weights, distributed)
     written = []
     if output is not None:
         written.append(write_model_dir(merged_model(policy), tokenizer, output, overwrite))
@@ -168,7 +256,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str]) -> int:
-    """``export`` subcommand; returns the exit code (2 for bad input, with a one-line message)."""
+    """``export`` subcommand; returns the exit code (2 for bad input, 1 for a failed write, each with a
+    one-line message)."""
     parser = _Parser(prog="python -m lit_ppo export", add_help=False)
     parser.add_argument("--ckpt_path", required=True)
     parser.add_argument("--output")
@@ -179,9 +268,13 @@ def main(argv: list[str]) -> int:
         return 0
     try:
         args = parser.parse_args(argv)
+        quiet_dependencies()  # the error line, if any, is all that stderr shows
         paths = export(args.ckpt_path, args.output, args.overwrite, args.adapter)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except RunStopped as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(f"exported {args.ckpt_path} to {' and '.join(map(str, paths))}")
     return 0

@@ -18,6 +18,11 @@ DEFAULT_EXPERIMENT = "lit_ppo"
 PROBE_TIMEOUT_S = 10.0
 # Creating or migrating a fresh sqlite store takes seconds; a lock held this long is a stuck process.
 STORE_LOCK_TIMEOUT_S = 120.0
+DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
+"""The database servers MLflow stores runs in through SQLAlchemy (``postgresql+psycopg2://...`` names a driver)."""
+DRIVER_PACKAGES = {"psycopg": "'psycopg[binary]'", "psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient",
+                   "pymysql": "PyMySQL"}
+"""Python module of a database driver -> the package that installs it (where the names differ)."""
 
 
 class TrackingError(ConfigError):
@@ -41,6 +46,24 @@ def sqlite_file(uri: str) -> str | None:
     """The database file of a ``sqlite:///relative`` or ``sqlite:////absolute`` URI (None in memory)."""
     rest = uri[len("sqlite://"):].split("?", 1)[0]
     return rest[1:] if rest.startswith("/") and rest[1:] not in ("", ":memory:") else None
+
+
+def check_driver(uri: str, source: str) -> None:
+    """TrackingError naming the package to install when the database driver of ``uri`` (a
+    postgresql / mysql / mssql URI) is not installed; MLflow would fail with a traceback."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        url = make_url(uri)
+        url.get_dialect().import_dbapi()
+    except (ArgumentError, NoSuchModuleError) as e:
+        raise TrackingError(f"{source}={uri} is invalid: {first_line(e)}") from None
+    except ImportError as e:
+        shown = url.render_as_string(hide_password=True)
+        package = DRIVER_PACKAGES.get(e.name, e.name)
+        raise TrackingError(f"{source}={shown} needs the database driver {e.name}, which is not installed: "
+                            f"pip install {package}") from None
 
 
 def probe_server(uri: str, source: str) -> None:
@@ -85,12 +108,16 @@ def prepare_store(uri: str, source: str, experiment: str, artifact_location: str
         probe_server(uri, source)
     elif scheme == "sqlite":
         database = sqlite_file(uri)
-        if database:
-            from filelock import FileLock
+        if not database:
+            raise TrackingError(f"{source}={uri} is invalid: an in-memory database is gone when the process ends, "
+                                f"and the run's tracking with it: give a database file, e.g. sqlite:///path.db")
+        from filelock import FileLock
 
-            lock = FileLock(database + ".lock", timeout=STORE_LOCK_TIMEOUT_S)
+        lock = FileLock(database + ".lock", timeout=STORE_LOCK_TIMEOUT_S)
     else:
-        return  # other stores (databricks, ...) are MLflow's business
+        if scheme.split("+", 1)[0] in DATABASE_SCHEMES:
+            check_driver(uri, source)
+        return  # a database server itself is MLflow's business, as are other stores (databricks, ...)
     try:
         with lock:
             _ensure_experiment(uri, experiment, artifact_location)

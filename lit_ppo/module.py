@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -22,7 +23,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lit_ppo.algos import compute_advantages, policy_loss, value_loss
 from lit_ppo.checkpoints import install_checkpoint_io, run_record
-from lit_ppo.config import OptimizerConfig, PPOActorConfig, PPOCriticConfig
+from lit_ppo.config import OptimizerConfig, PPOActorConfig, PPOCriticConfig, check_fields
 from lit_ppo.errors import RunStopped
 from lit_ppo.evaluation import SUMS, eval_metrics
 from lit_ppo.lora import adapters_disabled, add_lora, lora_config, merged_weights, trainable_parameters
@@ -86,6 +87,9 @@ class ModelConfig:
     names. Only linear layers are supported."""
 
     def __post_init__(self):
+        if isinstance(self.cache_dir, os.PathLike):  # a pathlib.Path from Python code is a path too
+            self.cache_dir = os.fspath(self.cache_dir)
+        check_fields(self, "model")
         if self.dtype not in DTYPES:
             raise ValueError(f"model.dtype={self.dtype!r} is invalid: must be one of {', '.join(map(repr, DTYPES))}")
         if not isinstance(self.logprob_chunk_size, int) or self.logprob_chunk_size < 1:
@@ -756,7 +760,7 @@ class LitPPO(L.LightningModule):
 
     def validation_step(self, batch: list[int], batch_idx: int) -> None:
         """Score test problems ``batch`` (indices into the task's test split) through the engine."""
-        from lit_ppo.callbacks.graceful_stop import received_signal
+        from lit_ppo.stop_requests import received_signal
 
         if received_signal() is not None:  # stopping: the checkpoint matters now, not the scores
             return

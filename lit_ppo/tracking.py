@@ -38,10 +38,13 @@ from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 
-from lit_ppo.checkpoints import recorded_run
+from lit_ppo.checkpoints import recorded_run, write_file_atomically
 from lit_ppo.cli_errors import ConfigError
+from lit_ppo.config import typed_key
 from lit_ppo.mlflow_store import (TrackingError, first_line, prepare_store, resolve_experiment,
                                   resolve_tracking_uri)
+from lit_ppo.run_lock import lock_run_dir
+from lit_ppo.stop_requests import fail_after_iteration
 
 RUN_DIR_ENV = "LIT_PPO_RUN_DIR"
 JOB_RUN_DIR_ENV = "LIT_PPO_JOB_RUN_DIR"
@@ -75,24 +78,77 @@ class MLflowRunLogger(MLFlowLogger):
         prefix: put at the beginning of metric keys.
         artifact_location: where a newly created experiment stores artifacts; None for MLflow's default.
         run_id: continue this existing MLflow run instead of starting one.
+        on_error: what a failure of the tracking store during training does (its disk full, its server
+            gone): 'stop' ends training at the iteration's end with ``last.ckpt`` and fails the command
+            (exit code 1) naming the store; 'continue' trains on without tracking, saying so once.
     """
 
     def __init__(self, experiment_name: str | None = None, tracking_uri: str | None = None,
                  run_name: str | None = None, tags: dict[str, Any] | None = None,
                  log_model: Literal[True, False, "all"] = False, prefix: str = "",
-                 artifact_location: str | None = None, run_id: str | None = None):
+                 artifact_location: str | None = None, run_id: str | None = None,
+                 on_error: Literal["stop", "continue"] = "stop"):
         super().__init__(experiment_name=resolve_experiment(experiment_name), run_name=run_name,
                          tracking_uri=resolve_tracking_uri(tracking_uri), tags=tags, log_model=log_model,
                          prefix=prefix, artifact_location=artifact_location, run_id=run_id)
         self._continued = run_id is not None
+        self.on_error = on_error
+        self.failed = False
 
     def log_hyperparams(self, params: Any) -> None:
         """As MLFlowLogger; a continued run keeps the params it has (MLflow refuses to change one, and a
         resume may change settings such as trainer.max_steps) and gets only those it lacks."""
+        if self.failed:
+            return
         if self._continued:
-            had = self.experiment.get_run(self.run_id).data.params
-            params = {k: v for k, v in _flatten_dict(_convert_params(params)).items() if k not in had}
+            run = self.experiment.get_run(self.run_id)
+            if run is None:  # the store failed (see guard_store)
+                return
+            params = {k: v for k, v in _flatten_dict(_convert_params(params)).items() if k not in run.data.params}
         super().log_hyperparams(params)
+
+    def guard_store(self) -> None:
+        """From now on (the run exists), a failing call to the tracking store is reported as ``on_error``
+        says instead of raised wherever it happens (a metric, a text, an artifact, the final status)."""
+        if not isinstance(self._mlflow_client, _GuardedClient):
+            self._mlflow_client = _GuardedClient(self._mlflow_client, self._store_failed)
+
+    def _store_failed(self, error: Exception, call: str) -> None:
+        self.failed = True
+        what = f"tracking store {self._tracking_uri} failed ({call}: {first_line(error)})"
+        if self.on_error == "stop":
+            fail_after_iteration(f"{what}: training stopped at the end of the iteration, which last.ckpt holds "
+                                 f"(logger.init_args.on_error=continue trains on without tracking)")
+        else:
+            print(f"warning: {what}: training goes on without tracking (logger.init_args.on_error=continue)",
+                  file=sys.stderr, flush=True)
+
+
+class _GuardedClient:
+    """An MlflowClient whose failing calls go to ``on_failure(error, method name)`` and return None; after
+    the first failure no call reaches the store (one report, no retries against a broken store)."""
+
+    def __init__(self, client: Any, on_failure):
+        self._client = client
+        self._on_failure = on_failure
+        self._failed = False
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self._failed:
+                return None
+            try:
+                return attr(*args, **kwargs)
+            except Exception as e:  # MlflowException, sqlalchemy's, requests' and OSError alike
+                self._failed = True
+                self._on_failure(e, name)
+                return None
+
+        return call
 
 
 def _in_run_dir(save_dir: str | None) -> str:
@@ -288,8 +344,10 @@ def new_run_dir(config: Any) -> Path:
     experiment = _tracking_setting(*loggers[0])[2] if loggers else resolve_experiment(None)
     prefixes = [init_args.get("run_name") for _, init_args in loggers if init_args.get("run_name")]
     description = prefixes[0] if prefixes else "-".join(_short(part) for part in _what_ran(config).values())
-    return create_run_dir(_get(_get(config, "trainer"), "default_root_dir") or "runs", experiment,
-                          run_name(description))
+    # Absolute, '~' expanded: checkpoints record where they are, and a resume (which may start elsewhere)
+    # must find the same directory under the same name, or Lightning versions last.ckpt aside.
+    root = Path(_get(_get(config, "trainer"), "default_root_dir") or "runs").expanduser().absolute()
+    return create_run_dir(root, experiment, run_name(description))
 
 
 def start(config: Any) -> Path | None:
@@ -309,8 +367,11 @@ def start(config: Any) -> Path | None:
     if path is None:
         scheduled = os.environ.get(JOB_RUN_DIR_ENV)
         path = Path(scheduled) if scheduled else new_run_dir(config)
-    os.environ[RUN_DIR_ENV] = os.path.abspath(path)
-    print(f"run directory: {path}", file=sys.stderr, flush=True)
+    path = path.expanduser().absolute()
+    lock_run_dir(path)  # before anything is written into it or its MLflow run
+    os.environ[RUN_DIR_ENV] = str(path)
+    shown = os.path.relpath(path) if path.is_relative_to(Path.cwd()) else path
+    print(f"run directory: {shown}", file=sys.stderr, flush=True)
     return path
 
 
@@ -339,12 +400,30 @@ def start_mlflow_runs(trainer: Any, config: Any, run_dir: Path | None) -> None:
             logger._run_name = run_dir.name
             logger.tags = {**(logger.tags or {}), **tags}
         client, run_id = logger.experiment, logger.run_id
+        _started_runs.append((client, run_id))
         if continuing:
             client.update_run(run_id, status="RUNNING")
             for key, value in tags.items():
                 client.set_tag(run_id, key, value)
         experiment = client.get_experiment(logger.experiment_id).name
         print(f"mlflow run id: {run_id} ({client.tracking_uri}, experiment {experiment})", file=sys.stderr, flush=True)
+        if isinstance(logger, MLflowRunLogger):
+            logger.guard_store()
+
+
+_started_runs: list[tuple[Any, str]] = []
+"""(client, run id) of every MLflow run this process started or continued."""
+
+
+def end_started_runs(status: str) -> None:
+    """Mark every MLflow run this process started or continued ``status`` (e.g. KILLED: Lightning ends
+    them FINISHED or FAILED, or not at all when a signal arrives before training starts). A store that
+    fails here is left as it is: the command is ending for another reason, which it reports."""
+    for client, run_id in _started_runs:
+        try:
+            client.set_terminated(run_id, status)
+        except Exception:
+            pass
 
 
 def run_reference(trainer: Any) -> dict[str, str]:
@@ -362,17 +441,15 @@ def run_reference(trainer: Any) -> dict[str, str]:
     return out
 
 
-CONFIG_SECTIONS = (("model.actor.", "actor."), ("model.critic.", "critic."), ("model.model.", "model."),
-                   ("model.algo", "algo"), ("data.gconfig.", "gconfig."), ("data.eval.", "eval."),
-                   ("seed_everything", "seed"))
-"""LightningCLI key prefix -> the name the user types (``python -m lit_ppo fit actor.eps_clip=...``)."""
 MAX_PARAM_CHARS = 500
 """Longer values (a callback list, a chat template) are cut: an MLflow param is for comparing runs."""
 
 
 def config_params(tree: dict) -> dict[str, str]:
     """Every leaf of the resolved LightningCLI config as ``{key as the user types it: text}``, for
-    MLflow params (a list or an empty mapping is one value)."""
+    MLflow params (a list or an empty mapping is one value): ``actor.eps_clip``, ``rollout.engine``,
+    ``logger.init_args.run_name``, ``seed`` (``lit_ppo.config.typed_key``). The ``config`` entry, the
+    temporary file the command line was written to, is left out."""
     flat: dict[str, str] = {}
 
     def walk(key: str, value: Any) -> None:
@@ -380,13 +457,9 @@ def config_params(tree: dict) -> dict[str, str]:
             for child_key, child in value.items():
                 walk(f"{key}.{child_key}" if key else str(child_key), child)
             return
-        for lightning, typed in CONFIG_SECTIONS:
-            if key.startswith(lightning):
-                key = typed + key[len(lightning):]
-                break
-        flat[key] = str(value)[:MAX_PARAM_CHARS]
+        flat[typed_key(key)] = str(value)[:MAX_PARAM_CHARS]
 
-    walk("", tree)
+    walk("", {k: v for k, v in tree.items() if k != "config"})
     return flat
 
 
@@ -420,11 +493,11 @@ class TrackedConfig(SaveConfigCallback):
     def save_config(self, trainer, pl_module, stage: str) -> None:
         # A continued run keeps the config it started with; a resume's own goes beside it.
         text = self.parser.dump(self.config, skip_none=False)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         name = "config.yaml"
         if (self.run_dir / name).exists():
             name = f"config-resumed-{time.strftime('%Y%m%d-%H%M%S')}.yaml"
-        (self.run_dir / name).write_text(text)
+        # Whole or not at all: the config is what a later validate / export reads (a full disk stops here).
+        write_file_atomically(self.run_dir / name, lambda f: f.write(text.encode()), "config")
         for logger in trainer.loggers:
             run_id = getattr(logger, "run_id", None)
             if run_id and hasattr(logger.experiment, "log_text"):

@@ -7,12 +7,13 @@ returns a ``[B]`` float tensor; the built-ins below are two such functions.
 from __future__ import annotations
 
 import functools
-import importlib
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+
+from lit_ppo.user_code import import_object
 
 
 @dataclass
@@ -86,12 +87,7 @@ def constant_gae_lambda(ctx: GaeLambdaContext, value: float) -> torch.Tensor:
 
 
 def _import(path: str) -> Callable:
-    module_name, _, attr = path.rpartition(".")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr) if module_name else None
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"gae_lambda={path!r} cannot be imported ({e}); give a number in [0, 1] "
-                         "or a dotted path such as lit_ppo.algos.lambda_fn.relative_position_gae_lambda") from None
+    fn = import_object(path, "gae_lambda", "function")
     if not callable(fn):
         raise ValueError(f"gae_lambda={path!r} is not a dotted path to a function")
     return fn

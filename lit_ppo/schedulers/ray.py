@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from lit_ppo.cli_errors import ConfigError, flag_value
+from lit_ppo.config import check_fields
 from lit_ppo.tracking import JOB_RUN_DIR_ENV, RUN_DIR_ENV, new_run_dir
 
 STRATEGIES = ("auto", "ddp")
@@ -66,6 +67,7 @@ class RayConfig:
     With a GPU the workers train on GPUs (one each, NCCL), else on CPU (gloo)."""
 
     def __post_init__(self) -> None:
+        check_fields(self, "scheduler")
         address = self.address
         if address is not None and not (isinstance(address, str)
                                         and (address == "auto" or _ADDRESS.fullmatch(address))):

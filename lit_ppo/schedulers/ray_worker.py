@@ -12,7 +12,7 @@ import ray
 import yaml
 from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
 
-from lit_ppo.callbacks.graceful_stop import request_stop
+from lit_ppo.stop_requests import record_signal
 from lit_ppo.cli import EXPECTED_WARNINGS, LitPPOCLI
 from lit_ppo.console import quiet_dependencies
 
@@ -30,7 +30,7 @@ class DriverStop(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         signum = ray.get(self.stop.get.remote())
         if signum is not None:
-            request_stop(signum)  # GracefulStop, a module callback and so after this one, stops every rank
+            record_signal(signum)  # GracefulStop, a module callback and so after this one, stops every rank
 
 
 class RayWorkerCLI(LitPPOCLI):

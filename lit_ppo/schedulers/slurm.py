@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lit_ppo.cli_errors import ConfigError, flag_value
+from lit_ppo.config import check_fields
 from lit_ppo.tracking import JOB_RUN_DIR_ENV, new_run_dir
 
 WARNING_S = 90
@@ -50,6 +51,15 @@ WARNING_S = 90
 REQUEUE_STATUS = 128 + signal.SIGUSR1
 _TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}")
 _NAME = re.compile(r"[^\s#'\"\\]+")
+_PLAIN = re.compile(r"[\w@%+=:,./-]+")
+
+
+def sbatch_quote(text: str) -> str:
+    """``text`` as one argument of an ``#SBATCH`` line: sbatch splits the line at spaces, takes '#' for
+    a comment and reads backslash escapes, also within quotes (as shlex.quote, plain text stays as it is)."""
+    if _PLAIN.fullmatch(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 @dataclass
@@ -76,14 +86,15 @@ class SlurmConfig:
     """Write and print the script, submit nothing."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.time, int) and not isinstance(self.time, bool):
+            self.time = str(self.time)  # minutes, as Hydra parses a bare number
+        check_fields(self, "scheduler")
         for name, least, allowed in (("nodes", 1, "a positive integer"), ("cpus_per_task", 1, "a positive integer"),
                                      ("gpus_per_node", 0, "an integer >= 0 (0 for a CPU job)")):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"scheduler.{name}={value!r} is invalid: must be {allowed}")
-        if isinstance(self.time, int) and not isinstance(self.time, bool):
-            self.time = str(self.time)  # minutes, as Hydra parses a bare number
-        if not isinstance(self.time, str) or not _TIME.fullmatch(self.time):
+        if not _TIME.fullmatch(self.time):
             raise ValueError(f"scheduler.time={self.time!r} is invalid: must be a Slurm time limit: minutes, "
                              f"MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
         for name in ("partition", "account", "job_name"):
@@ -143,7 +154,9 @@ def script(cfg: SlurmConfig, run_dir: Path, command: list[str], cwd: Path) -> st
     sbatch += [f"--{name}={value}" for name, value in (("partition", cfg.partition), ("account", cfg.account))
                if value is not None]
     # append: a requeued start keeps the job id and adds to the same logs
-    sbatch += [f"--output={logs}/%j.out", f"--error={logs}/%j.err", "--open-mode=append",
+    pattern = str(logs).replace("%", "%%") + "/%j"  # %% is a literal % in sbatch's file name patterns
+    sbatch += [f"--output={sbatch_quote(pattern + '.out')}", f"--error={sbatch_quote(pattern + '.err')}",
+               "--open-mode=append",
                f"--signal=USR1@{WARNING_S}", "--requeue", *cfg.extra_sbatch]
     last = run_dir / "checkpoints" / "last.ckpt"
     body = f"""

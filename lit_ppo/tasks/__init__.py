@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+from collections.abc import Sequence
 
 from lit_ppo.algos.registry import Registry
 from lit_ppo.tasks.arithmetic import ArithmeticTask
@@ -12,7 +13,7 @@ from lit_ppo.tasks.calculator import CalculatorTask
 from lit_ppo.tasks.dataset import DatasetTask
 from lit_ppo.tasks.gsm8k import GSM8KTask
 from lit_ppo.tasks.reasoning_gym import ReasoningGymTask
-from lit_ppo.tasks.user_code import import_object
+from lit_ppo.user_code import describe, import_object
 
 TASKS: Registry = Registry("task")
 """Task name -> constructor taking the task's config as keyword arguments."""
@@ -57,7 +58,7 @@ def build_task(name: str, **kwargs) -> Task:
         except ValueError as e:
             raise ValueError(f"data.task={name!r} is invalid: {e}, or a dotted path module.Class") from None
         _check_kwargs(ctor, kwargs, name)
-        return ctor(**kwargs)
+        return check_problems(ctor(**kwargs), name)
     cls = import_object(name, "data.task", "Class")
     if not isinstance(cls, type):
         raise ValueError(f"data.task={name!r} is not a class: give a dotted path module.Class of a Task")
@@ -66,11 +67,42 @@ def build_task(name: str, **kwargs) -> Task:
         raise ValueError(f"data.task={name!r} does not implement the Task protocol: it lacks {', '.join(missing)} "
                          f"(see lit_ppo.tasks.base.Task)")
     _check_kwargs(cls, kwargs, name)
-    task = cls(**kwargs)
+    try:
+        task = cls(**kwargs)
+    except (Exception, SystemExit) as e:  # the user's code: whatever it raises is a bad setting of data.task
+        given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        raise ValueError(f"data.task={name!r} cannot be constructed: {cls.__name__}({given}) raised "
+                         f"{describe(e)}") from None
     if not isinstance(getattr(task, "name", None), str):
         raise ValueError(f"data.task={name!r} does not implement the Task protocol: it has no string 'name'")
+    return check_problems(task, name)
+
+
+def check_problems(task: Task, name: str) -> Task:
+    """``task``, once its splits are what the trainer needs: ``problems('train')`` a non-empty sequence
+    and ``problems('test')`` a sequence, both of ``Problem`` rows with string prompts; ValueError naming
+    data.task and what is wrong otherwise."""
+    for split in ("train", "test"):
+        call = f"problems({split!r})"
+        try:
+            problems = task.problems(split)
+        except (Exception, SystemExit) as e:
+            raise ValueError(f"data.task={name!r}: {call} raised {describe(e)}") from None
+        if isinstance(problems, (str, bytes)) or not isinstance(problems, Sequence):
+            raise ValueError(f"data.task={name!r}: {call} returned {type(problems).__name__}, not a sequence "
+                             f"(list or tuple) of lit_ppo.tasks.base.Problem")
+        if split == "train" and len(problems) == 0:
+            raise ValueError(f"data.task={name!r} has no train problems: {call} returned an empty "
+                             f"{type(problems).__name__}")
+        for i, problem in enumerate(problems):
+            if not isinstance(problem, Problem):
+                raise ValueError(f"data.task={name!r}: {call}[{i}] is {type(problem).__name__}, not a "
+                                 f"lit_ppo.tasks.base.Problem")
+            if not isinstance(problem.prompt, str):
+                raise ValueError(f"data.task={name!r}: {call}[{i}].prompt is {type(problem.prompt).__name__}, "
+                                 f"not a string")
     return task
 
 
 __all__ = ["TASKS", "ArithmeticTask", "CalculatorTask", "DatasetTask", "GSM8KTask", "Problem", "ReasoningGymTask",
-           "Task", "build_task", "gsm_symbolic"]
+           "Task", "build_task", "check_problems", "gsm_symbolic"]

@@ -1,15 +1,24 @@
 """The user's own data: local files or a saved dataset directory, rewarded by TRL-style reward functions.
 
-``data=dataset`` reads ``train_path`` (and ``test_path``) with the ``datasets`` library, offline:
-a .jsonl / .json / .parquet / .csv file, or a directory written by ``Dataset.save_to_disk`` (a
-``DatasetDict`` directory gives its 'train' split). Each row's ``prompt_key`` column is the prompt
-(a string, or a list of chat messages {'role', 'content'}), its ``answer_key`` column the gold
-answer, and every other column goes to the reward functions by name (see lit_ppo.tasks.rewards).
+``data=dataset`` reads ``train_path`` (and ``test_path``), offline: a .jsonl / .json / .parquet / .csv
+file, or a directory written by ``Dataset.save_to_disk`` (a ``DatasetDict`` directory gives its 'train'
+split). Every value arrives as written: a CSV cell is the string in the file (``007`` stays "007"), a
+JSON value keeps its JSON type (read by the json module), Parquet and saved datasets (read by the
+``datasets`` library, as CSV is) keep their stored types; a reward that wants numbers converts them
+(``float(answer)``) or reads numbers stored as such (JSON numbers, Parquet). Each row's
+``prompt_key`` column is the prompt (a string, or a list of chat messages {'role', 'content'}), its
+``answer_key`` column the gold answer, and every other column goes to the reward functions by name
+(see lit_ppo.tasks.rewards).
 Each reward function is called once per prompt group, with lists of ``gconfig.n_samples`` entries.
 """
 
 from __future__ import annotations
 
+import csv
+import functools
+import hashlib
+import io
+import json
 import os
 import random
 import tempfile
@@ -22,22 +31,129 @@ from lit_ppo.tasks.rewards import DEFAULT_FORMAT_PATTERN, RewardFunction, combin
 
 PREFIX = "data.task_kwargs."
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-"""File extension -> the ``datasets`` builder that reads it."""
+"""File extension -> its format: JSON is read by the json module, CSV and Parquet by the ``datasets`` builders."""
 
 
 def read_rows(path: str, key: str) -> list[dict[str, Any]]:
-    """The rows of the file or saved dataset directory ``path`` as dicts, read offline; ValueError
-    naming ``key`` and the file if it is missing, of another kind or unreadable."""
+    """The rows of the file or saved dataset directory ``path`` as dicts, read offline, every value as
+    written: a CSV cell is the string in the file ("007", "0.50", "" for an empty cell), a JSON value
+    keeps its JSON type, Parquet and saved datasets their stored types. ValueError naming ``key`` and
+    the file if it is missing, of another kind, not UTF-8 text, unreadable or empty."""
     where = f"{PREFIX}{key}={path!r}"
     p = Path(path)
     if not p.exists():
         raise ValueError(f"{where}: no such file or directory")
-    # datasets' own switch (read when it is imported), not HF_HUB_OFFLINE: a model may still come from the Hub.
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    import datasets  # imported only when the task is used
+    builder = None if p.is_dir() else FILE_FORMATS.get(p.suffix.lower())
+    if not p.is_dir() and builder is None:
+        raise ValueError(f"{where}: unsupported extension {p.suffix!r}: must be one of "
+                         f"{', '.join(FILE_FORMATS)} or a saved dataset directory")
+    if builder == "json":
+        rows = _json_rows(_utf8_text(p, where), where, lines=p.suffix.lower() == ".jsonl")
+    elif builder == "csv":
+        rows = _csv_rows(p, _utf8_text(p, where), where)
+    else:
+        rows = _arrow_rows(p, builder, where)
+    if not rows:
+        raise ValueError(f"{where}: is empty: no rows")
+    return rows
 
-    datasets.disable_progress_bars()
-    if p.is_dir():
+
+def _utf8_text(p: Path, where: str) -> str:
+    """The file's text; ValueError saying where it is not UTF-8, or that it holds nothing but whitespace."""
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise ValueError(f"{where}: cannot be read ({e.strerror or e})") from None
+    try:
+        text = data.decode("utf-8-sig")  # a byte order mark is not part of the data
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{where}: is not UTF-8 text at line {line} (byte offset {e.start}, 0x{data[e.start]:02x}: "
+                         f"{e.reason}): save the file as UTF-8") from None
+    if not text.strip():
+        raise ValueError(f"{where}: is empty: no rows" + (" (whitespace only)" if text else " (0 bytes)"))
+    return text
+
+
+def _json_error(where: str, kind: str, e: json.JSONDecodeError, line: int | None = None) -> ValueError:
+    return ValueError(f"{where}: cannot be read as {kind} (line {line or e.lineno}, column {e.colno}: {e.msg})")
+
+
+def _json_rows(text: str, where: str, lines: bool) -> list[dict[str, Any]]:
+    """Rows of JSON Lines (one object per line), or of a JSON document holding a list of objects or
+    an object of equally long column lists (a .json file may hold JSON Lines too), parsed by the json
+    module: pyarrow's reader would cast a column mixing "0" and 2 to one type."""
+    if not lines:
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as e:
+            if e.msg != "Extra data":  # several values: JSON Lines in a .json file
+                raise _json_error(where, "json", e) from None
+        else:
+            if isinstance(document, dict) and document and all(isinstance(v, list) for v in document.values()):
+                lengths = {len(v) for v in document.values()}
+                if len(lengths) > 1:
+                    raise ValueError(f"{where}: cannot be read as json (its columns have different lengths: "
+                                     f"{', '.join(f'{k} {len(v)}' for k, v in document.items())})")
+                document = [dict(zip(document, values)) for values in zip(*document.values())]
+            if not isinstance(document, list):
+                raise ValueError(f"{where}: cannot be read as json (it holds {_json_kind(document)}: must be "
+                                 f"a list of objects, an object of column lists, or one object per line)")
+            for i, row in enumerate(document):
+                if not isinstance(row, dict):
+                    raise ValueError(f"{where}: cannot be read as json (item {i} is {_json_kind(row)}, "
+                                     f"not an object)")
+            return _same_columns(document)
+    rows = []
+    for number, line in enumerate(text.split("\n"), start=1):  # not splitlines: JSON strings may hold U+2028
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise _json_error(where, "jsonl", e, number) from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: cannot be read as jsonl (line {number} is {_json_kind(row)}, "
+                             f"not an object)")
+        rows.append(row)
+    return _same_columns(rows)
+
+
+def _json_kind(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's words."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    return {str: "a string", list: "an array", dict: "an object"}.get(type(value), "a number")
+
+
+def _same_columns(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with every column of any row (in order of first appearance), None where a row lacks it."""
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    if all(len(row) == len(names) for row in rows):
+        return rows
+    return [{name: row.get(name) for name in names} for row in rows]
+
+
+def _csv_rows(p: Path, text: str, where: str) -> list[dict[str, Any]]:
+    """Rows of a CSV file through the ``datasets`` csv builder, every cell the string in the file:
+    pandas' type inference and NA detection are off (they read "007" as 7 and "" as NaN)."""
+    reader = csv.reader(io.StringIO(text))
+    try:
+        header = next((row for row in reader if row), [])
+        if not any(row for row in reader):  # csv.reader gives [] for a blank line
+            raise ValueError(f"{where}: is empty: no rows (a header line only)")
+    except csv.Error as e:
+        raise ValueError(f"{where}: cannot be read as csv (line {reader.line_num}: {e})") from None
+    datasets = _datasets()
+    return _load(where, "csv", lambda cache: datasets.load_dataset(
+        "csv", data_files=str(p), split="train", cache_dir=cache, keep_in_memory=True,
+        converters={i: str for i in range(len(header))}, keep_default_na=False, na_filter=False))
+
+
+def _arrow_rows(p: Path, builder: str | None, where: str) -> list[dict[str, Any]]:
+    """Rows of a Parquet file or a saved dataset directory, with their stored types."""
+    datasets = _datasets()
+    if builder is None:
         try:
             loaded = datasets.load_from_disk(str(p))
         except Exception as e:
@@ -48,19 +164,52 @@ def read_rows(path: str, key: str) -> list[dict[str, Any]]:
                 raise ValueError(f"{where}: the saved DatasetDict has no 'train' split; splits: {', '.join(loaded)}")
             loaded = loaded["train"]
         return loaded.to_list()
-    builder = FILE_FORMATS.get(p.suffix.lower())
-    if builder is None:
-        raise ValueError(f"{where}: unsupported extension {p.suffix!r}: must be one of "
-                         f"{', '.join(FILE_FORMATS)} or a saved dataset directory")
-    with tempfile.TemporaryDirectory(prefix="lit_ppo_dataset_") as cache:  # no cache left behind
+    return _load(where, builder, lambda cache: datasets.load_dataset(
+        builder, data_files=str(p), split="train", cache_dir=cache, keep_in_memory=True))
+
+
+def _load(where: str, kind: str, load) -> list[dict[str, Any]]:
+    """``load(cache_dir)``'s rows, in a temporary cache (none is left behind); ValueError naming the file."""
+    with tempfile.TemporaryDirectory(prefix="lit_ppo_dataset_") as cache:
         try:
-            loaded = datasets.load_dataset(builder, data_files=str(p), split="train", cache_dir=cache,
-                                           keep_in_memory=True)
+            return load(cache).to_list()
         except Exception as e:
             cause = e.__cause__ or e
             message = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-            raise ValueError(f"{where}: cannot be read as {p.suffix.lstrip('.')} ({message})") from None
-        return loaded.to_list()
+            raise ValueError(f"{where}: cannot be read as {kind} ({message})") from None
+
+
+def _datasets():
+    """The ``datasets`` module, offline (imported only when the task is used)."""
+    # datasets' own switch (read when it is imported), not HF_HUB_OFFLINE: a model may still come from the Hub.
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    import datasets
+
+    datasets.disable_progress_bars()
+    return datasets
+
+
+def data_digest(path: str | os.PathLike) -> str:
+    """SHA-256 of a data file's bytes, or of a directory's files (each one's relative path and bytes,
+    in sorted order): what a resumed run compares to tell whether its data changed."""
+    p = Path(path)
+    files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
+    # Keyed by size and modification time: a checkpoint records it at every save, the bytes are read once.
+    stamps = tuple((f.relative_to(p).as_posix() if f != p else "", f.stat().st_size, f.stat().st_mtime_ns)
+                   for f in files)
+    return _digest(str(p.resolve()), stamps)
+
+
+@functools.lru_cache(maxsize=8)
+def _digest(path: str, stamps: tuple) -> str:
+    root = Path(path)
+    digest = hashlib.sha256()
+    for name, _, _ in stamps:
+        digest.update(name.encode() + b"\0")
+        with open(root / name if name else root, "rb") as f:
+            while chunk := f.read(1 << 22):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _messages(value: Any) -> tuple[dict[str, str], ...] | None:

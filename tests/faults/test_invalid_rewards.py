@@ -211,7 +211,8 @@ def test_drop_trains_on_full_batches_of_valid_groups_and_counts_the_dropped(tmp_
 
 
 def test_drop_of_every_group_still_ends_with_the_attempts_error(tmp_path, model_cache, nan_task_registered):
-    with pytest.raises(RuntimeError, match=r"accepted 0 of 8 groups \(8 dropped for invalid rewards\), fewer than "
+    with pytest.raises(RuntimeError, match=r"every one of the 8 groups tried was dropped for an invalid reward "
+                                           r"\(data.on_invalid_reward=drop\), 0 accepted, fewer than "
                                            r"data.batch_size=4 within data.max_attempts_factor=2"):
         fit(tmp_path, model_cache, max_steps=1, task=nan_task.NAME, task_kwargs={"period": 1}, on_invalid_reward="drop",
             max_attempts_factor=2)

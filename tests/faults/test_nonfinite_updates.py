@@ -199,6 +199,7 @@ def test_consecutive_skipped_iterations_stop_the_run_in_one_line(tmp_path, fault
 
 def test_max_skipped_steps_is_validated():
     assert PPOActorConfig().max_skipped_steps == 3
-    for bad in (0, -1, 1.5, True, None):
-        with pytest.raises(ValueError, match=rf"^max_skipped_steps={bad!r} is invalid: must be a positive integer$"):
+    for bad, allowed in ((0, "a positive integer"), (-1, "a positive integer"), (1.5, "an integer"),
+                         (True, "an integer"), (None, "an integer")):
+        with pytest.raises(ValueError, match=rf"^max_skipped_steps={bad!r} is invalid: must be {allowed}$"):
             PPOActorConfig(max_skipped_steps=bad)

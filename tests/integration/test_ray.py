@@ -32,7 +32,7 @@ def _closed_port() -> int:
 
 @pytest.mark.parametrize("args,expected", [
     (["scheduler.num_workers=0"], "scheduler.num_workers=0 is invalid: must be a positive integer"),
-    (["scheduler.num_workers=two"], "scheduler.num_workers='two' is invalid: must be a positive integer"),
+    (["scheduler.num_workers=two"], "scheduler.num_workers='two' is invalid: must be an integer"),
     (["scheduler.resources_per_worker={CPU: -1}"],
      "scheduler.resources_per_worker.CPU=-1 is invalid: must be a number >= 0 of a Ray resource"),
     (["scheduler.resources_per_worker=[1]"], "scheduler.resources_per_worker=[1] is invalid: must be a mapping"),

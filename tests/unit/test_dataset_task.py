@@ -17,7 +17,7 @@ from lit_ppo.rollout.workflows import SingleTurnWorkflow, checked_reward
 from lit_ppo.tasks import DatasetTask, build_task
 from lit_ppo.tasks.base import Columns, Problem, Task
 from lit_ppo.tasks.rewards import completion_text, exact_match, format_reward, math_verify
-from lit_ppo.tasks.user_code import ensure_cwd_importable
+from lit_ppo.user_code import ensure_cwd_importable
 
 ROWS = [{"prompt": f"{i}+{i}=", "answer": str(2 * i), "level": i % 3, "source": f"s{i}"} for i in range(10)]
 CALLS: list[dict] = []
@@ -83,8 +83,8 @@ def test_every_format_reads_prompts_answers_and_columns(tmp_path, name):
     problems = task.problems("train")
     assert [p.prompt for p in problems] == [r["prompt"] for r in ROWS]
     assert [p.answer for p in problems] == [r["answer"] for r in ROWS]
-    # csv columns get the types datasets infers (the answers here read as ints)
-    assert dict(problems[3].columns) == {"answer": 6 if name.endswith(".csv") else "6", "level": 0, "source": "s3"}
+    # a csv cell is the string in the file; the other formats keep their stored types
+    assert dict(problems[3].columns) == {"answer": "6", "level": "0" if name.endswith(".csv") else 0, "source": "s3"}
     assert task.problems("test") == ()
     assert isinstance(task, Task) and task.name == "dataset"
 

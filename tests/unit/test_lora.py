@@ -118,7 +118,7 @@ def test_adapter_saves_in_peft_format(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("field, value, allowed", [
-    ("lora_rank", -1, "an integer >= 0"), ("lora_rank", 1.5, "an integer >= 0"),
+    ("lora_rank", -1, "an integer >= 0"), ("lora_rank", 1.5, "an integer"),
     ("lora_alpha", 0, "a number > 0"), ("lora_dropout", 1.0, "in [0, 1)"),
     ("lora_target_modules", [], "'all-linear', a non-empty list"),
 ])

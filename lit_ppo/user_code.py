@@ -20,6 +20,12 @@ def ensure_cwd_importable() -> None:
         sys.path.append(cwd)
 
 
+def describe(error: BaseException) -> str:
+    """``Type: first line of the message``, or the type alone for an error without one (``SystemExit()``)."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+
+
 def import_object(path: str, key: str, what: str) -> Any:
     """The object at dotted ``path`` (``module.name``); ValueError naming ``key`` and ``what`` was
     expected if it is not one or cannot be imported."""
@@ -29,11 +35,15 @@ def import_object(path: str, key: str, what: str) -> Any:
     module_name, _, attr = path.rpartition(".")
     try:
         module = importlib.import_module(module_name)
-    except Exception as e:  # ImportError, or whatever the module raises while it runs (SyntaxError, ...)
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ValueError(f"{key}={path!r} cannot be imported ({type(e).__name__}: {reason}): "
-                         f"give a dotted path module.{what} "
-                         f"importable from the working directory {os.getcwd()}") from None
+    except (Exception, SystemExit) as e:  # sys.exit() (argparse, click) at import time is a failure too
+        missing = isinstance(e, ModuleNotFoundError) and e.name is not None and (
+            module_name == e.name or module_name.startswith(e.name + "."))
+        if missing:
+            raise ValueError(f"{key}={path!r} cannot be imported ({describe(e)}): "
+                             f"give a dotted path module.{what} "
+                             f"importable from the working directory {os.getcwd()}") from None
+        raise ValueError(f"{key}={path!r} cannot be imported: importing module {module_name!r} raised "
+                         f"{describe(e)}") from None
     if not hasattr(module, attr):
         raise ValueError(f"{key}={path!r} cannot be imported (module {module_name!r} has no {attr!r}): "
                          f"give a dotted path module.{what}")

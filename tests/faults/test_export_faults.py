@@ -1,0 +1,288 @@
+"""Export faults on a real trained checkpoint: an --output that would replace what export reads, a
+SIGKILL in the middle of the write, the modes of the written files, a place that is read-only or full."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lit_ppo.checkpoints import AtomicCheckpointIO
+from tests.faults.filesystems import limit_file_size, mounted_tmpfs, read_only_directory
+from tests.integration.conftest import FAST, run_cli, run_dir
+
+pytestmark = pytest.mark.slow
+EXPORT_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                "tokenizer_config.json", "chat_template.jinja"}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A real run of 2 iterations of the tiny model through the CLI: cwd, dir (its run directory), ckpt."""
+    cwd = tmp_path_factory.mktemp("trained")
+    result = run_cli(["fit", *FAST], cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return SimpleNamespace(cwd=cwd, dir=run_dir(cwd), ckpt=run_dir(cwd) / "checkpoints" / "last.ckpt")
+
+
+@pytest.fixture
+def export_here(trained, monkeypatch, capfd):
+    """``python -m lit_ppo export ...`` through its entry point in this process, with the run's cache:
+    (exit code, stderr)."""
+    from lit_ppo.__main__ import main
+
+    monkeypatch.setenv("LIT_PPO_CACHE", str(trained.cwd / "cache"))
+    capfd.readouterr()
+
+    def call(*args: str, ckpt: Path = trained.ckpt) -> tuple[int, str]:
+        code = main(["export", "--ckpt_path", str(ckpt), *args])
+        return code, capfd.readouterr().err
+
+    return call
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Make loading a model fail: what is refused here is refused before any model loads."""
+    import lit_ppo.models
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(lit_ppo.models, "load_causal_lm", refuse)
+
+
+def files(root: Path) -> dict[str, str]:
+    """Every file under ``root`` (hidden ones included) and the SHA-256 of its content."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def leftovers(output: Path) -> list[str]:
+    """Temporary and set-aside directories of ``output`` beside it."""
+    return sorted(p.name for p in output.parent.iterdir() if p.name.startswith(f".{output.name}."))
+
+
+def umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# ---------------------------------------------------------------------------------------------
+# --output never is, contains or lies inside what export reads
+# ---------------------------------------------------------------------------------------------
+
+def test_export_refuses_to_write_over_its_own_input(trained, tmp_path, export_here, no_model_load, monkeypatch):
+    before = files(trained.cwd)
+    # One real process: the exit code and stderr a user sees.
+    result = run_cli(["export", "--ckpt_path", str(trained.ckpt), "--output", str(trained.dir), "--overwrite"],
+                     trained.cwd)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"error: --output {trained.dir}: contains the checkpoint {trained.ckpt}, which export reads: "
+        f"give a directory apart from it"]
+    assert files(trained.cwd) == before
+    # The other places through the same entry point, with or without --overwrite, spelled through a
+    # symlink, `..` or `~`.
+    link = tmp_path / "link"
+    link.symlink_to(trained.dir)
+    monkeypatch.setenv("HOME", str(trained.dir.parent))
+    home_spelled = f"~/{trained.dir.name}/checkpoints"
+    for output, flags, how in [
+        (trained.dir / "checkpoints", ["--overwrite"], "contains"),
+        (trained.dir / "checkpoints", [], "contains"),
+        (trained.cwd, ["--overwrite"], "contains"),
+        (trained.ckpt, ["--overwrite"], "is"),
+        (trained.ckpt / "sub", [], "is inside"),
+        (link, ["--overwrite"], "contains"),
+        (trained.dir / "model" / ".." / "checkpoints", ["--overwrite"], "contains"),
+        (home_spelled, ["--overwrite"], "contains"),
+    ]:
+        code, err = export_here("--output", str(output), *flags)
+        shown = Path(output).expanduser().absolute()
+        assert code == 2 and err.splitlines() == [
+            f"error: --output {shown}: {how} the checkpoint {trained.ckpt}, which export reads: "
+            f"give a directory apart from it"], (output, err)
+    # The tiny model's cache entry, which the base model is read from.
+    code, err = export_here("--output", str(trained.cwd / "cache"), "--overwrite")
+    (entry,) = (trained.cwd / "cache").glob("tiny-*")
+    assert code == 2 and err.splitlines() == [
+        f"error: --output {trained.cwd / 'cache'}: contains the cache entry of model.source=tiny {entry}, "
+        f"which export reads: give a directory apart from it"]
+    assert files(trained.cwd) == before
+    # A place apart from them is exported to.
+    monkeypatch.undo()
+    from lit_ppo.__main__ import main
+
+    monkeypatch.setenv("LIT_PPO_CACHE", str(trained.cwd / "cache"))
+    assert main(["export", "--ckpt_path", str(trained.ckpt), "--output", str(tmp_path / "exported")]) == 0
+    assert {p.name for p in (tmp_path / "exported").iterdir()} == EXPORT_FILES
+
+
+def test_export_refuses_to_write_over_a_local_base_model(trained, tmp_path, export_here, no_model_load):
+    """A checkpoint of a model trained from a local directory: that directory is read too."""
+    (entry,) = (trained.cwd / "cache").glob("tiny-*")
+    base = tmp_path / "models" / "base"  # a local model directory: the tiny model's files, by a symlink
+    base.parent.mkdir()
+    base.symlink_to(entry)
+    before = files(entry)
+    checkpoint = torch.load(trained.ckpt, map_location="cpu", weights_only=True)
+    checkpoint["hyper_parameters"]["model"]["source"] = str(base)
+    ckpt = tmp_path / "local.ckpt"
+    AtomicCheckpointIO().save_checkpoint(checkpoint, ckpt)  # with the digest of its new content
+    for output, how in [(tmp_path / "models", "contains"), (base / "exported", "is inside"), (entry, "is")]:
+        code, err = export_here("--output", str(output), "--overwrite", ckpt=ckpt)
+        assert code == 2 and err.splitlines() == [
+            f"error: --output {output}: {how} the base model directory (model.source) {base}, which export "
+            f"reads: give a directory apart from it"]
+    assert files(entry) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# a killed export, file modes
+# ---------------------------------------------------------------------------------------------
+
+# The export's own process, held once every file of the new directory is written into its temporary
+# directory and before that is published, so that the kill lands in the middle of the export.
+HELD_EXPORT = """
+import sys
+import lit_ppo.models as models
+
+write = models.save_checkpoint
+
+def write_and_hold(model, tokenizer, path):
+    write(model, tokenizer, path)
+    print("written", path, flush=True)
+    sys.stdin.readline()
+
+models.save_checkpoint = write_and_hold
+from lit_ppo.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_export_killed_while_writing_leaves_its_output_intact_and_the_next_cleans_up(trained, tmp_path,
+                                                                                         export_here):
+    output = tmp_path / "exported"
+    output.mkdir()
+    (output / "notes.txt").write_text("mine")
+    child = subprocess.Popen(
+        [sys.executable, "-c", HELD_EXPORT, "export", "--ckpt_path", str(trained.ckpt), "--output", str(output),
+         "--overwrite"], env={**os.environ, "LIT_PPO_CACHE": str(trained.cwd / "cache")},
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline()
+        assert line.startswith("written "), child.communicate(timeout=60)[1][-3000:]
+        temp = Path(line.split(" ", 1)[1].strip())
+        assert temp.parent == tmp_path and temp.name.startswith(".exported.tmp-")
+        assert {p.name for p in temp.iterdir()} == EXPORT_FILES  # the new export, complete but not published
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert files(output) == {"notes.txt": hashlib.sha256(b"mine").hexdigest()}
+    assert leftovers(output) == [temp.name]
+    (tmp_path / ".other.tmp-1").mkdir()  # another directory's temporary is not this export's to remove
+    code, err = export_here("--output", str(output), "--overwrite")
+    assert code == 0, err
+    assert {p.name for p in output.iterdir()} == EXPORT_FILES
+    assert leftovers(output) == [] and (tmp_path / ".other.tmp-1").is_dir()
+
+
+def test_exported_files_get_the_modes_of_new_files(trained, tmp_path, export_here):
+    previous = os.umask(0o027)
+    try:
+        code, err = export_here("--output", str(tmp_path / "exported"))
+    finally:
+        os.umask(previous)
+    assert code == 0, err
+    output = tmp_path / "exported"
+    assert output.stat().st_mode & 0o777 == 0o777 & ~0o027
+    assert {p.name: p.stat().st_mode & 0o777 for p in output.iterdir()} == {n: 0o666 & ~0o027 for n in EXPORT_FILES}
+
+
+# ---------------------------------------------------------------------------------------------
+# a place that cannot be written
+# ---------------------------------------------------------------------------------------------
+
+def test_export_to_a_full_filesystem_fails_in_one_line_and_keeps_the_previous_content(trained, tmp_path):
+    output = tmp_path / "exported"
+    output.mkdir()
+    (output / "notes.txt").write_text("mine")
+    weights = trained.cwd / "cache"
+    (entry,) = weights.glob("tiny-*")
+    limit = (entry / "model.safetensors").stat().st_size // 2  # the weights file cannot be written whole
+    result = subprocess.run(
+        [sys.executable, "-m", "lit_ppo", "export", "--ckpt_path", str(trained.ckpt), "--output", str(output),
+         "--overwrite"], env={**os.environ, "LIT_PPO_CACHE": str(weights)}, capture_output=True, text=True,
+        timeout=300, preexec_fn=limit_file_size(limit))
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"error: --output {output}: cannot be written: {os.strerror(errno.EFBIG)} (its previous content is kept)"]
+    assert files(output) == {"notes.txt": hashlib.sha256(b"mine").hexdigest()} and leftovers(output) == []
+
+
+def test_export_to_a_read_only_place_is_refused_before_any_model_loads(tmp_path, export_here, no_model_load):
+    with read_only_directory(tmp_path / "ro") as ro:
+        code, err = export_here("--output", str(ro / "new" / "exported"))
+        reason = os.strerror(errno.EROFS if os.geteuid() == 0 else errno.EACCES)
+        assert code == 2 and err.splitlines() == [
+            f"error: --output {ro / 'new' / 'exported'}: cannot be written, {ro} is not writable ({reason})"]
+        assert list(ro.iterdir()) == []
+
+
+def test_export_to_a_filesystem_without_room_fails_in_one_line(tmp_path, export_here):
+    with mounted_tmpfs(tmp_path / "small", "size=64k") as small:
+        code, err = export_here("--output", str(small / "exported"))
+        assert code == 1 and err.splitlines() == [f"error: --output {small / 'exported'}: cannot be written: "
+                                                  f"{os.strerror(errno.ENOSPC)} (nothing was written)"]
+        assert list(small.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# the export at the end of fit
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+@pytest.mark.parametrize("place, how, what", [
+    (".", "contains", "the checkpoint directory of ModelCheckpoint"),
+    ("run", "contains", "the checkpoint directory of ModelCheckpoint"),
+    ("run/checkpoints", "is", "the checkpoint directory of ModelCheckpoint"),
+    ("run/checkpoints/model", "is inside", "the checkpoint directory of ModelCheckpoint"),
+    ("run/config", "is", "the run directory (trainer.default_root_dir)"),
+])
+def test_fit_refuses_an_end_export_over_the_runs_own_files_when_it_starts(tmp_path, monkeypatch, place, how, what):
+    """A user's ExportModel(dirpath=...) whose export would replace the run's files is refused before
+    the first step, not after training."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from lit_ppo.callbacks.export import ExportModel
+    from lit_ppo.cli_errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / ("run/config" if place == "run/config" else "run")
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "last.ckpt").write_bytes(b"an earlier checkpoint")
+    before = files(tmp_path)
+    trainer = L.Trainer(default_root_dir=root, max_steps=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[
+                            ExportModel(dirpath=place), ModelCheckpoint(dirpath=tmp_path / "run" / "checkpoints")])
+    with pytest.raises(ConfigError) as refused:
+        trainer.fit(BoringModel())
+    path = tmp_path / "run" / "checkpoints" if "checkpoint" in what else root
+    assert str(refused.value) == (f"ExportModel dirpath={place}: {how} {what} {path}, which the export at the end "
+                                  f"of fit would overwrite: give a directory apart from it")
+    assert trainer.global_step == 0 and files(tmp_path) == before
