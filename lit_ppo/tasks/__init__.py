@@ -13,6 +13,7 @@ from lit_ppo.tasks.calculator import CalculatorTask
 from lit_ppo.tasks.dataset import DatasetTask
 from lit_ppo.tasks.gsm8k import GSM8KTask
 from lit_ppo.tasks.reasoning_gym import ReasoningGymTask
+from lit_ppo.tasks.word_problems import WordProblemsTask
 from lit_ppo.user_code import describe, import_object
 
 TASKS: Registry = Registry("task")
@@ -23,6 +24,7 @@ TASKS.register("reasoning_gym")(ReasoningGymTask)
 TASKS.register("gsm8k")(GSM8KTask)
 TASKS.register("calculator")(CalculatorTask)
 TASKS.register("dataset")(DatasetTask)
+TASKS.register("word_problems")(WordProblemsTask)
 
 
 @TASKS.register("gsm_symbolic")
