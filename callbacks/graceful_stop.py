@@ -74,7 +74,8 @@ class GracefulStop(L.Callback):
         stopping = trainer.strategy.reduce_boolean_decision(stop_requested(), all=False)
         if stopping:
             trainer.should_stop = True
-        if (stopping or 0 < trainer.max_steps <= trainer.global_step) and trainer.global_step > self._saved_step:
+        finished = 0 < trainer.max_steps <= trainer.global_step and self._keeps_last(trainer)
+        if (stopping or finished) and trainer.global_step > self._saved_step:
             # Before the final evaluation, which may fail (a reward that breaks on the test split).
             self._write_last(trainer)
 

@@ -285,7 +285,7 @@ def test_gsm8k_file_errors(tmp_path):
 
 
 def test_registry_names():
-    assert TASKS.names() == ["arithmetic", "calculator", "dataset", "gsm8k", "gsm_symbolic", "reasoning_gym"]
+    assert TASKS.names() == ["arithmetic", "calculator", "dataset", "gsm8k", "gsm_symbolic", "reasoning_gym", "word_problems"]
 
 
 def test_build_task():
@@ -300,7 +300,7 @@ def test_build_task():
 
 def test_build_task_errors():
     with pytest.raises(ValueError, match="data.task='math' is invalid: unknown task 'math'; registered: arithmetic, "
-                                         "calculator, dataset, gsm8k, gsm_symbolic, reasoning_gym, or a dotted path"):
+                                         "calculator, dataset, gsm8k, gsm_symbolic, reasoning_gym, word_problems, or a dotted path"):
         build_task("math")
     with pytest.raises(ValueError, match="data.task_kwargs.no_such_option is not a key of task 'arithmetic'"):
         build_task("arithmetic", no_such_option=1)
