@@ -39,7 +39,7 @@ from lit_ppo.rollout.workflows import task_name
 from lit_ppo import schedulers
 from lit_ppo.schedulers import scheduler_config
 from lit_ppo.stop_requests import Stopped, exit_code, pending_failure, received_signal, signal_name
-from lit_ppo.tracking import RUN_DIR_ENV, TrackedConfig, end_started_runs, start, start_mlflow_runs
+from lit_ppo.tracking import RUN_DIR_ENV, TrackedConfig, end_started_runs, run_name, start, start_mlflow_runs
 from lit_ppo.user_exit import user_exit_message
 
 
@@ -340,8 +340,6 @@ def _check_logger(trainer: dict) -> None:
 def _check_run_names(trainer: dict) -> None:
     """A logger's run name must leave the run directory's name, ``<run name>-YYYYmmdd-HHMMSS``, within
     one file name (with room for the ``-N`` of a collision)."""
-    from lit_ppo.tracking import run_name
-
     loggers = trainer.get("logger")
     stamp = len(run_name("x")) - 1
     longest = NAME_MAX - stamp - len("-99")
@@ -576,13 +574,13 @@ def _check_evaluation_overrides(subcommand: str, overrides: list[str], typed: li
     ``overrides`` as given, ``overrides`` under Hydra's names."""
     for original, override in zip(typed, overrides):
         key = override.lstrip("+~").split("=", 1)[0]
-        typed = original.lstrip("+~")
+        shown = original.lstrip("+~")
         if key.split(".")[0] in TRAINED_SECTIONS:
-            raise ConfigError(f"{typed} cannot be given to {subcommand} --ckpt_path: it scores the checkpoint's "
+            raise ConfigError(f"{shown} cannot be given to {subcommand} --ckpt_path: it scores the checkpoint's "
                               f"model as trained (algo, model.*, actor.*, critic.* come from the checkpoint); "
                               f"eval.*, gconfig.*, rollout.*, data.* and trainer.* can change")
         if key.startswith("logger."):
-            raise ConfigError(f"{typed} cannot be given to {subcommand}: it records nothing (no logger, run "
+            raise ConfigError(f"{shown} cannot be given to {subcommand}: it records nothing (no logger, run "
                               f"directory or MLflow run); the scores are printed")
 
 
