@@ -90,17 +90,14 @@ class GracefulStop(L.Callback):
         # none writes it again alone), but last.ckpt holds it only once the file has been replaced,
         # which a refused write (a full disk) never does.
         self._saved_step = trainer.global_step
-        self._last_before = _file_identity(self._last_path(trainer))
+        self._last_before = _file_identity(last_checkpoint_path(trainer))
 
     def on_train_end(self, trainer: L.Trainer, pl_module) -> None:
         if trainer.global_step > self._saved_step and (stop_requested() or self._keeps_last(trainer)):
             self._write_last(trainer)
-        if received_signal() is not None:
-            self._say(f"stopped by {signal_name(received_signal())} after iteration {trainer.global_step}; "
-                      f"resume with --ckpt_path {self._last_path(trainer)}")
-        elif stop_requested():
-            self._say(f"stopped after iteration {trainer.global_step}; resume with --ckpt_path "
-                      f"{self._last_path(trainer)}")
+        message = stop_message(trainer)
+        if message:
+            self._say(message)
 
     def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
         if trainer.state.fn != "fit" or trainer.global_step == 0:
@@ -113,7 +110,7 @@ class GracefulStop(L.Callback):
         between = getattr(trainer.datamodule, "collecting", False) or trainer.validating
         if between and trainer.world_size == 1 and trainer.global_step > self._saved_step:
             self._write_last(trainer)
-        path = self._last_path(trainer)
+        path = last_checkpoint_path(trainer)
         if self._saved_step == trainer.global_step and _file_identity(path) not in (None, self._last_before):
             finished = 0 < trainer.max_steps <= trainer.global_step
             self._say(f"last.ckpt holds iteration {trainer.global_step}" +
@@ -124,15 +121,8 @@ class GracefulStop(L.Callback):
     def _keeps_last(trainer: L.Trainer) -> bool:
         return any(isinstance(cb, ModelCheckpoint) and cb.save_last for cb in trainer.callbacks)
 
-    @staticmethod
-    def _last_path(trainer: L.Trainer) -> Path:
-        for cb in trainer.callbacks:
-            if isinstance(cb, ModelCheckpoint) and cb.dirpath:
-                return Path(cb.dirpath) / f"{cb.CHECKPOINT_NAME_LAST}{cb.FILE_EXTENSION}"
-        return Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints" / "last.ckpt"
-
     def _write_last(self, trainer: L.Trainer) -> None:
-        path = self._last_path(trainer)
+        path = last_checkpoint_path(trainer)
         trainer.save_checkpoint(path, weights_only=False)  # the full state: resuming needs it
         self._saved_step = trainer.global_step
         for cb in trainer.callbacks:
@@ -142,6 +132,22 @@ class GracefulStop(L.Callback):
     def _say(self, message: str) -> None:
         if self._trainer is None or self._trainer.is_global_zero:
             print(message, file=sys.stderr, flush=True)
+
+
+def last_checkpoint_path(trainer: L.Trainer) -> Path:
+    """Where ``last.ckpt`` of ``trainer``'s run is: beside its ModelCheckpoint's files."""
+    for cb in trainer.callbacks:
+        if isinstance(cb, ModelCheckpoint) and cb.dirpath:
+            return Path(cb.dirpath) / f"{cb.CHECKPOINT_NAME_LAST}{cb.FILE_EXTENSION}"
+    return Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+
+
+def stop_message(trainer: L.Trainer) -> str | None:
+    """The line that ends a fit stopped early (by a signal or a recorded failure), or None."""
+    where = f"after iteration {trainer.global_step}; resume with --ckpt_path {last_checkpoint_path(trainer)}"
+    if received_signal() is not None:
+        return f"stopped by {signal_name(received_signal())} {where}"
+    return f"stopped {where}" if stop_requested() else None
 
 
 def _file_identity(path: Path) -> tuple | None:

@@ -208,7 +208,12 @@ def _run_job(ray: Any, cfg: RayConfig, tree: dict, flags: list[str]) -> int:
         return _report_failure(error, run_dir)
     if error is not None:
         raise error
-    return 128 + received[0] if received else 0
+    if not received:
+        return 0
+    ending = ray.get(stop.ending.remote())
+    if ending:
+        print(ending, file=sys.stderr, flush=True)
+    return 128 + received[0]
 
 
 def _report_failure(error: Exception, run_dir: Path) -> int:
@@ -227,13 +232,21 @@ def _report_failure(error: Exception, run_dir: Path) -> int:
 
 
 class StopRequest:
-    """A Ray actor holding the stop signal the driver received, read by every worker."""
+    """A Ray actor holding the stop signal the driver received, read by every worker, and the line rank 0
+    ends a stopped fit with, read by the driver."""
 
     def __init__(self):
         self.signum: int | None = None
+        self.message: str | None = None
 
     def set(self, signum: int) -> None:
         self.signum = self.signum or signum
 
     def get(self) -> int | None:
         return self.signum
+
+    def report(self, message: str | None) -> None:
+        self.message = message
+
+    def ending(self) -> str | None:
+        return self.message

@@ -12,13 +12,15 @@ import ray
 import yaml
 from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
 
+from lit_ppo.callbacks.graceful_stop import stop_message
 from lit_ppo.stop_requests import record_signal
 from lit_ppo.cli import EXPECTED_WARNINGS, LitPPOCLI
 from lit_ppo.console import quiet_dependencies
 
 
 class DriverStop(L.Callback):
-    """Stops the fit at an iteration's end once the driver has received a stop signal.
+    """Stops the fit at an iteration's end once the driver has received a stop signal, and tells the
+    driver where it stopped.
 
     Args:
         stop: the driver's StopRequest actor.
@@ -31,6 +33,12 @@ class DriverStop(L.Callback):
         signum = ray.get(self.stop.get.remote())
         if signum is not None:
             record_signal(signum)  # GracefulStop, a module callback and so after this one, stops every rank
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        # The driver says how the job ended: a worker's own output reaches its terminal through Ray's log
+        # forwarding, which may still hold the last lines when the job ends.
+        if trainer.is_global_zero:
+            ray.get(self.stop.report.remote(stop_message(trainer)))
 
 
 class RayWorkerCLI(LitPPOCLI):
