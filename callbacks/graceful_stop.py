@@ -9,7 +9,9 @@ number (143, 130) and marks the MLflow run KILLED. SIGUSR1, Slurm's warning befo
 script requeues the job. A second signal while the iteration is still
 generating abandons it at once; ``last.ckpt`` then holds the iteration before it, with the prompt
 stream where that iteration left it, so a resume replays exactly. A second signal during the update
-waits for the update (seconds), so that half-updated weights are never saved. A failure recorded with
+waits for the update (seconds), so that half-updated weights are never saved. A signal during an
+evaluation between iterations (``trainer.val_check_interval``) stops when the evaluation ends, with no
+iteration after it; a second one abandons the evaluation. A failure recorded with
 ``lit_ppo.stop_requests.fail_after_iteration`` stops at the boundary the same way.
 
 ``last.ckpt`` of the final iteration is written before the final evaluation, so an evaluation that
@@ -59,10 +61,19 @@ class GracefulStop(L.Callback):
         name = signal_name(signum)
         trainer = self._trainer
         generating = bool(getattr(trainer.datamodule, "collecting", False))
+        # An evaluation during training follows a completed iteration: the stop comes when it ends.
+        evaluating = trainer.validating and not trainer.sanity_checking
         if received_signal() is None:
             record_signal(signum)
-            self._say(f"received {name}: finishing iteration {trainer.global_step + 1}, then writing last.ckpt "
-                      f"(send {name} again to abandon the iteration)")
+            if evaluating:
+                self._say(f"received {name}: stopping after the evaluation of iteration {trainer.global_step}, "
+                          f"then writing last.ckpt (send {name} again to abandon the evaluation)")
+            else:
+                self._say(f"received {name}: finishing iteration {trainer.global_step + 1}, then writing last.ckpt "
+                          f"(send {name} again to abandon the iteration)")
+        elif evaluating:
+            self._say(f"received {name} again: abandoning the evaluation of iteration {trainer.global_step}")
+            raise KeyboardInterrupt
         elif generating:
             self._say(f"received {name} again: abandoning iteration {trainer.global_step + 1}")
             raise KeyboardInterrupt
@@ -78,6 +89,16 @@ class GracefulStop(L.Callback):
         if (stopping or finished) and trainer.global_step > self._saved_step:
             # Before the final evaluation, which may fail (a reward that breaks on the test split).
             self._write_last(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
+        # A stop requested during an evaluation between iterations takes effect here, before the next
+        # iteration (and the evaluation that a stop brings) would run; every rank decides together.
+        if trainer.state.fn != "fit" or trainer.sanity_checking:
+            return
+        if trainer.strategy.reduce_boolean_decision(stop_requested(), all=False):
+            trainer.should_stop = True
+            if trainer.global_step > self._saved_step:
+                self._write_last(trainer)
 
     def teardown(self, trainer: L.Trainer, pl_module, stage: str) -> None:
         for signum, handler in self._previous.items():

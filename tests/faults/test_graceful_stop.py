@@ -184,6 +184,65 @@ def test_second_sigint_abandons_generation_and_resumes_exactly(uninterrupted, tm
     assert_same_state(resume_to_the_end(work, cache, ckpt), reference)
 
 
+# An evaluation after iteration 3 that lasts seconds: every test problem, 64 samples each.
+EVALUATION = ["trainer.val_check_interval=3", "eval.max_problems=null", "eval.k=64"]
+
+
+def start_logged(work: Path, cache: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
+    """``start`` with its output in a file that the test reads while the run goes on."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "progress_probe.py").write_text(PROBE)
+    log = work / "output.txt"
+    path = os.pathsep.join(filter(None, [str(work), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "LIT_PPO_CACHE": str(cache), "PYTHONPATH": path, "PROBE_FILE": str(work / "probe.txt")}
+    args = [a for a in ARGS if not a.startswith("eval.max_problems=")]
+    with log.open("w") as err_file:
+        proc = subprocess.Popen([sys.executable, "-m", "lit_ppo", "fit", *args, *extra], cwd=work, env=env,
+                                stdout=err_file, stderr=subprocess.STDOUT)
+    return proc, log
+
+
+@pytest.mark.slow
+def test_sigterm_during_an_evaluation_stops_when_it_ends_and_resumes_exactly(uninterrupted, tmp_path):
+    cache, reference = uninterrupted
+    work = tmp_path / "run"
+    proc, log = start_logged(work, cache, "logger=none", *EVALUATION)
+    deadline = time.monotonic() + 240
+    while "iteration 3/6" not in log.read_text():  # printed as iteration 3 ends, before its evaluation
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=300) == 143
+    err = log.read_text()
+    assert "received SIGTERM: stopping after the evaluation of iteration 3" in err, err[-3000:]
+    assert "eval at iteration 3:" in err and "iteration 4/6" not in err  # no iteration, nor evaluation, more
+    ckpt = last_checkpoint(err, work)
+    state = load(ckpt)
+    assert state["global_step"] == 3 and state["RolloutDataModule"]["requests"] == 3
+    proc, log = start_logged(work, cache, "logger=none", *EVALUATION, "--ckpt_path", str(ckpt))
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    assert_same_state(load(ckpt), reference)  # evaluations leave training as it was
+
+
+@pytest.mark.slow
+def test_a_second_signal_abandons_the_evaluation(uninterrupted, tmp_path):
+    cache, _ = uninterrupted
+    work = tmp_path / "run"
+    proc, log = start_logged(work, cache, "logger=none", *EVALUATION)
+    deadline = time.monotonic() + 240
+    while "stopping after the evaluation of iteration 3" not in log.read_text():
+        if "iteration 3/6" in log.read_text() and "received SIGINT" not in log.read_text():
+            proc.send_signal(signal.SIGINT)
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    err = log.read_text()
+    assert "received SIGINT again: abandoning the evaluation of iteration 3" in err, err[-3000:]
+    assert "eval at iteration 3:" not in err and "iteration 4/6" not in err
+    assert load(last_checkpoint(err, work))["global_step"] == 3  # the iteration before the evaluation is kept
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("trainer", ["ddp", "fsdp"])
 def test_sigterm_to_rank_zero_stops_both_ranks_at_one_boundary(uninterrupted, tmp_path, trainer):
