@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 
-from lit_ppo.tasks.base import Problem, split_problems
+from lit_ppo.tasks.base import Problem, split_problems, vocabulary_ids
 
 _OPERATIONS = {
     "+": lambda a, b: a + b,
@@ -104,17 +104,4 @@ class ArithmeticTask:
 
     def allowed_completion_tokens(self, tokenizer) -> list[int]:
         """Ids of the digits '0'..'9' and the tokenizer's EOS: all a completion needs."""
-        unk = getattr(tokenizer, "unk_token_id", None)
-        ids = []
-        for digit in DIGITS:
-            # Look the digit up as a vocabulary entry rather than encoding it: encoders may add
-            # a prefix space or split differently, while a digit token is what we must allow.
-            token_id = tokenizer.convert_tokens_to_ids(digit)
-            if token_id is None or (unk is not None and token_id == unk):
-                raise ValueError(f"the tokenizer has no single token for the digit {digit!r}, "
-                                 f"which the arithmetic task needs")
-            ids.append(token_id)
-        if tokenizer.eos_token_id is None:
-            raise ValueError("the tokenizer has no EOS token (eos_token_id is None); the arithmetic "
-                             "task needs one to end a completion")
-        return ids + [tokenizer.eos_token_id]
+        return vocabulary_ids(tokenizer, DIGITS, "the arithmetic task")

@@ -61,6 +61,24 @@ class Task(Protocol):
         """Token ids completions may use (the tokenizer's EOS included), or None for all."""
 
 
+def vocabulary_ids(tokenizer, tokens: Sequence[str], needed_by: str) -> list[int]:
+    """Ids of ``tokens``, each one entry of ``tokenizer``'s vocabulary, then its EOS: a restricted
+    completion alphabet. Entries are looked up, not encoded: encoders may add a prefix space or split
+    differently, while the entry is what sampling must allow. ValueError naming ``needed_by`` for a
+    token the vocabulary lacks, or a tokenizer without EOS."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    ids = []
+    for token in dict.fromkeys(tokens):
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if token_id is None or (unk is not None and token_id == unk):
+            raise ValueError(f"the tokenizer has no single token for {token!r}, which {needed_by} needs")
+        ids.append(token_id)
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"the tokenizer has no EOS token (eos_token_id is None); {needed_by} needs one to end "
+                         f"a completion")
+    return ids + [tokenizer.eos_token_id]
+
+
 SPLITS = ("train", "test")
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import ClassVar, Sequence
 
-from lit_ppo.tasks.base import Problem, split_problems
+from lit_ppo.tasks.base import Problem, split_problems, vocabulary_ids
 
 MAX_EXPRESSION_CHARS = 100
 """Longest expression the calculator accepts: with integers and + - * / only, this bounds every
@@ -279,15 +279,4 @@ class CalculatorTask:
         of ``calc``) and the tokenizer's EOS: all that answers and tool calls need. Used only with
         ``gconfig.restrict_to_task_tokens`` (which also spells ``calc`` letter by letter on tokenizers
         with multi-character tokens)."""
-        unk = getattr(tokenizer, "unk_token_id", None)
-        ids = []
-        for ch in dict.fromkeys(COMPLETION_CHARACTERS):
-            token_id = tokenizer.convert_tokens_to_ids(ch)
-            if token_id is None or (unk is not None and token_id == unk):
-                raise ValueError(f"the tokenizer has no single token for {ch!r}, which the calculator task "
-                                 f"needs with gconfig.restrict_to_task_tokens")
-            ids.append(token_id)
-        if tokenizer.eos_token_id is None:
-            raise ValueError("the tokenizer has no EOS token (eos_token_id is None); the calculator task needs "
-                             "one to end a reply")
-        return ids + [tokenizer.eos_token_id]
+        return vocabulary_ids(tokenizer, COMPLETION_CHARACTERS, "the calculator task with gconfig.restrict_to_task_tokens")

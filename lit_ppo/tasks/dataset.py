@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
-from lit_ppo.tasks.base import Columns, Problem, split_problems
+from lit_ppo.tasks.base import Columns, Problem, split_problems, vocabulary_ids
 from lit_ppo.tasks.rewards import DEFAULT_FORMAT_PATTERN, RewardFunction, combined_rewards, resolve_reward_fns
 
 PREFIX = "data.task_kwargs."
@@ -286,6 +286,11 @@ class DatasetTask:
     functions that returned a number; None from every function is an invalid reward."""
     format_pattern: str = DEFAULT_FORMAT_PATTERN
     """The regular expression of the built-in ``format`` reward (searched anywhere in the completion)."""
+    completion_tokens: list[str] | None = None
+    """The vocabulary entries completions are made of (a label set such as ``[yes, no]``, the digits),
+    the tokenizer's EOS added; with ``gconfig.restrict_to_task_tokens=true`` sampling and the trainer's
+    log-probs use only these. Numbers are taken as written (``[0, 1]`` is the tokens "0" and "1").
+    None: free text."""
 
     _fns: tuple[RewardFunction, ...] = field(init=False, repr=False, compare=False)
     _splits: dict[str, tuple[Problem, ...]] = field(init=False, repr=False, compare=False)
@@ -303,6 +308,13 @@ class DatasetTask:
             if isinstance(self.test_fraction, bool) or not isinstance(self.test_fraction, (int, float)) \
                     or not 0 < self.test_fraction < 1:
                 raise ValueError(f"{PREFIX}test_fraction={self.test_fraction!r} is invalid: must be in (0, 1) or null")
+        tokens = self.completion_tokens
+        if tokens is not None:
+            if (not isinstance(tokens, (list, tuple)) or not tokens
+                    or not all(isinstance(t, (str, int)) and not isinstance(t, bool) and str(t) for t in tokens)):
+                raise ValueError(f"{PREFIX}completion_tokens={tokens!r} is invalid: must be a non-empty list of "
+                                 f"vocabulary entries (strings) or null")
+            self.completion_tokens = [str(t) for t in tokens]
         self._fns = resolve_reward_fns(self.reward_fns, self.reward_weights, self.format_pattern)
         if self.answer_key is None and any(f.builtin and f.name != "format" for f in self._fns):
             raise ValueError(f"{PREFIX}answer_key=None is invalid with the reward "
@@ -349,6 +361,8 @@ class DatasetTask:
         columns = {k: [v] * n for k, v in problem.columns.items()}
         return combined_rewards(self._fns, prompts, texts, columns, [problem.answer] * n)
 
-    def allowed_completion_tokens(self, tokenizer) -> None:
-        """No restriction: completions are free text."""
-        return None
+    def allowed_completion_tokens(self, tokenizer) -> list[int] | None:
+        """Ids of ``completion_tokens`` and the tokenizer's EOS; None (free text) without them."""
+        if self.completion_tokens is None:
+            return None
+        return vocabulary_ids(tokenizer, self.completion_tokens, f"{PREFIX}completion_tokens")

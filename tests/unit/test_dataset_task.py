@@ -424,3 +424,35 @@ def test_a_wrong_number_of_group_rewards_stops_the_run():
 
     with pytest.raises(RunStopped, match="task 'short' returned 1 rewards for 2 completions"):
         group_rewards(Short(), Problem(prompt="p", answer=""), ["a", "b"])
+
+
+# ---------------------------------------------------------------- completion tokens
+
+
+def test_completion_tokens_are_the_vocabulary_entries_and_the_end(tmp_path):
+    from lit_ppo.models import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    task = DatasetTask(train_path=write(tmp_path / "train.jsonl"), completion_tokens=[0, 1, "7", 1])
+    assert task.completion_tokens == ["0", "1", "7", "1"]  # numbers as written
+    ids = task.allowed_completion_tokens(tok)
+    assert ids == [tok.convert_tokens_to_ids(t) for t in "017"] + [tok.eos_token_id]
+    assert tok.decode(ids[:-1]) == "017"
+    free = DatasetTask(train_path=write(tmp_path / "train.jsonl"))
+    assert free.allowed_completion_tokens(tok) is None
+
+
+@pytest.mark.parametrize("value", ["0123", [], [True], [1.5], [""], [["a"]]])
+def test_completion_tokens_must_be_a_list_of_entries(tmp_path, value):
+    with pytest.raises(ValueError, match=r"^data\.task_kwargs\.completion_tokens=.* is invalid: must be a non-empty "
+                                         r"list of vocabulary entries \(strings\) or null$"):
+        DatasetTask(train_path=write(tmp_path / "train.jsonl"), completion_tokens=value)
+
+
+def test_a_completion_token_outside_the_vocabulary_is_named(tmp_path):
+    from lit_ppo.models import build_tiny_tokenizer
+
+    task = DatasetTask(train_path=write(tmp_path / "train.jsonl"), completion_tokens=["1", "yes"])
+    with pytest.raises(ValueError, match="^the tokenizer has no single token for 'yes', which "
+                                         "data.task_kwargs.completion_tokens needs$"):
+        task.allowed_completion_tokens(build_tiny_tokenizer())
