@@ -289,6 +289,10 @@ def to_lightning_tree(hydra_tree: dict) -> dict:
             node[leaf].update(value)
         else:
             node[leaf] = value
+    # One temperature: the trainer's log-probs follow the sampler's unless actor.temperature is set as well.
+    actor, gconfig = out["model"].get("actor"), out["data"].get("gconfig")
+    if isinstance(actor, dict) and isinstance(gconfig, dict) and "temperature" in gconfig:
+        actor.setdefault("temperature", gconfig["temperature"])
     for key, value in rollout.items():
         if key not in ROLLOUT_KEYS:
             raise ConfigError(f"rollout.{key} is not a key{_suggest(f'rollout.{key}')}: must be one of "

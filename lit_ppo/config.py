@@ -389,7 +389,8 @@ class PPOActorConfig:
     max_new_tokens: int = 1024
     """L_max of the overlong penalty and of the 'seq-mean-token-sum-norm' constant."""
     temperature: float = 1.0
-    """Logit temperature of the trainer's log-probs; must equal the sampling temperature."""
+    """Logit temperature of the trainer's log-probs; must equal the sampling temperature, which it follows
+    on the command line unless both are set."""
     policy_loss: str = "ppo"
     """Registered per-token surrogate: 'ppo' (clip) or 'sapo'; new ones via register_policy_loss."""
     adv_estimator: str = "gae"
@@ -507,7 +508,7 @@ class GenerationConfig:
     max_new_tokens: int = 64
     """Generation budget per completion (per turn for multi-turn workflows)."""
     temperature: float = 1.0
-    """Sampling temperature; the trainer's actor.temperature must equal it."""
+    """Sampling temperature; the trainer's actor.temperature must equal it (and follows it unless set)."""
     top_k: int = 0
     """Sample among the k most likely tokens; 0 for all."""
     top_p: float = 1.0

@@ -33,7 +33,7 @@ def error_of(capsys, *args: str) -> str:
     (["rejection=kpop", "actor.rejection_sampling.action=clamp"], "action='clamp' is invalid: must be 'mask' for metric 'binary_kl'"),
     (["actor.gae_timestep_unit=episode"], "gae_timestep_unit='episode' is invalid: must be one of 'token', 'turn'"),
     (["+actor.gae_lambda=no.such.module.fn"], "gae_lambda='no.such.module.fn' cannot be imported"),
-    (["gconfig.temperature=0.7"], "actor.temperature=1.0 must equal gconfig.temperature=0.7"),
+    (["gconfig.temperature=0.7", "actor.temperature=1.0"], "actor.temperature=1.0 must equal gconfig.temperature=0.7"),
     (["data.batch_size=0"], "data.batch_size=0 is invalid: must be a positive integer"),
     (["rollout.max_head_offpolicyness=2"], "rollout.max_head_offpolicyness=2 trains on samples up to 2 policy versions "
      "old, which needs the decoupled loss: set actor.use_decoupled_loss=true"),
@@ -50,6 +50,14 @@ def error_of(capsys, *args: str) -> str:
 ])
 def test_config_errors_are_one_line(capsys, args, expected):
     assert expected in error_of(capsys, *args)
+
+
+def test_the_trainer_temperature_follows_the_sampler():
+    from lit_ppo.cli import compose
+
+    tree = compose(["gconfig.temperature=0.7"])
+    assert tree["model"]["actor"]["temperature"] == tree["data"]["gconfig"]["temperature"] == 0.7
+    assert compose([])["model"]["actor"]["temperature"] == 1.0  # the presets' sampling temperature
 
 
 def test_bad_yaml_config_value(capsys, tmp_path):
