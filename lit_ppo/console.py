@@ -5,12 +5,15 @@ helper, advertisements for a cloud logger and model registry, transformers' weig
 file, and the run prints its own progress), and vLLM's ``<Layer>: Failed to load weights`` for
 layers without trainable weights (the rotary embedding's cache) on every weight push, which reads
 like a failure. The engine checks every push itself (VLLMEngine.update_weights names any parameter
-a push misses), so these lines carry no information here.
+a push misses), so these lines carry no information here. vLLM's own start-up report (some thirty
+lines of configuration, memory and kernel notes) is left out too: its errors still show
+(``VLLM_LOGGING_LEVEL``, ERROR unless set).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 
 _NOISE = {
@@ -38,6 +41,7 @@ def quiet_dependencies() -> None:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # read when vllm is first imported, after this
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     for name, fragments in _NOISE.items():
         logger = logging.getLogger(name)

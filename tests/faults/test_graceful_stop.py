@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from lit_ppo.checkpoints import read_checkpoint
+from tests.integration.conftest import wait_for_text
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
@@ -207,10 +208,7 @@ def test_sigterm_during_an_evaluation_stops_when_it_ends_and_resumes_exactly(uni
     cache, reference = uninterrupted
     work = tmp_path / "run"
     proc, log = start_logged(work, cache, "logger=none", *EVALUATION)
-    deadline = time.monotonic() + 240
-    while "iteration 3/6" not in log.read_text():  # printed as iteration 3 ends, before its evaluation
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.02)
+    wait_for_text(log, "iteration 3/6", proc, timeout=240)  # printed as iteration 3 ends, before its evaluation
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=300) == 143
     err = log.read_text()
@@ -229,12 +227,9 @@ def test_a_second_signal_abandons_the_evaluation(uninterrupted, tmp_path):
     cache, _ = uninterrupted
     work = tmp_path / "run"
     proc, log = start_logged(work, cache, "logger=none", *EVALUATION)
-    deadline = time.monotonic() + 240
-    while "stopping after the evaluation of iteration 3" not in log.read_text():
-        if "iteration 3/6" in log.read_text() and "received SIGINT" not in log.read_text():
-            proc.send_signal(signal.SIGINT)
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.05)
+    wait_for_text(log, "iteration 3/6", proc, timeout=240)
+    proc.send_signal(signal.SIGINT)
+    wait_for_text(log, "stopping after the evaluation of iteration 3", proc, timeout=60)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 130
     err = log.read_text()

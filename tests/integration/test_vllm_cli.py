@@ -24,6 +24,9 @@ def test_cli_fits_two_iterations_with_vllm(cli, preset):
     result = cli("fit", f"algo={preset}", "rollout=vllm", *FAST, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "`Trainer.fit` stopped: `max_steps=2` reached." in result.stderr + result.stdout
+    # vLLM's start-up report (configuration, KV cache, kernel notes) stays out of the run's console.
+    for noise in ("Initializing a V1 LLM engine", "KV cache", "LD_PRELOAD", "torch.set_num_threads"):
+        assert noise not in result.stderr + result.stdout, noise
 
 
 def test_multi_turn_turn_level_gae_with_vllm(cli):
