@@ -136,13 +136,12 @@ class VLLMEngine:
             kv_cache_gib = 1.0
         kv_cache_bytes = None if kv_cache_gib is None else int(kv_cache_gib * 2**30)
         distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-        # vLLM's CPU worker sets torch to one thread for serving unless OMP_NUM_THREADS is set, and
-        # replaces torch.set_num_threads with a no-op: in this process that would leave the trainer
-        # (and the engine) one core. Keep the process's threads and the function.
-        threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
+        # vLLM's worker sets torch to one thread for serving unless OMP_NUM_THREADS is set: in this process
+        # that would leave the trainer one core. It keeps the count it starts with (on CPU it makes
+        # torch.set_num_threads a no-op: its kernels go wrong under another count), so start it with ours.
         omp_threads = os.environ.get("OMP_NUM_THREADS")
-        if not on_gpu and omp_threads is None:
-            os.environ["OMP_NUM_THREADS"] = str(threads)
+        if omp_threads is None:
+            os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())
         try:
             self.llm = vllm.LLM(
                 model=self._dir, tokenizer=self._dir,
@@ -164,8 +163,6 @@ class VLLMEngine:
             message = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             raise RunStopped(f"vLLM could not start on this model ({type(e).__name__}: {message}); {FALLBACK}") from e
         finally:
-            torch.set_num_threads = set_num_threads
-            torch.set_num_threads(threads)
             if omp_threads is None:
                 os.environ.pop("OMP_NUM_THREADS", None)
         self.eos_token_id = tokenizer.eos_token_id

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -142,20 +144,9 @@ def test_a_batch_beyond_one_step_samples_like_a_small_batch(engine, tiny):
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
 
 
-def test_weight_sync(tiny, prompt, tmp_path, monkeypatch):
+def test_weight_sync(tiny, prompt, tmp_path):
     model, tok = build_tiny(TinyModelConfig(), tmp_path)  # a private copy: this test changes weights
-    # The engine leaves the process its threads: vLLM's worker alone would set torch to one thread
-    # (the trainer's too, in this process) and make torch.set_num_threads a no-op.
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(3)
-        engine = VLLMEngine(model, tok, seed=0)
-        assert torch.get_num_threads() == 3 and "OMP_NUM_THREADS" not in os.environ
-        torch.set_num_threads(2)
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(threads)
+    engine = VLLMEngine(model, tok, seed=0)
     params = SamplingParams(n=4, max_new_tokens=6, temperature=0.9, seed=3)
     assert max_logp_gap(engine, model, prompt, params) < 1e-4
     with torch.no_grad():
@@ -220,3 +211,17 @@ def test_unsupported_model_names_the_fallback(tmp_path):
         pytest.skip("head size 16 is supported on GPU")
     with pytest.raises(RuntimeError, match="rollout=hf"):
         VLLMEngine(model, tok, seed=0)
+
+
+def test_the_engine_keeps_the_process_threads(tmp_path):
+    """vLLM's worker alone sets torch to one thread for serving, the trainer's too in this process."""
+    code = ("import os, torch; torch.set_num_threads(2)\n"
+            "from lit_ppo.models import TinyModelConfig, build_tiny\n"
+            "from lit_ppo.rollout.vllm_engine import VLLMEngine\n"
+            f"model, tok = build_tiny(TinyModelConfig(), {str(tmp_path)!r})\n"
+            "VLLMEngine(model, tok, seed=0)\n"
+            "print(torch.get_num_threads(), os.environ.get('OMP_NUM_THREADS'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-2:] == ["2", "None"], result.stdout[-500:]
