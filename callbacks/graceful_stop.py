@@ -10,8 +10,10 @@ script requeues the job. A second signal while the iteration is still
 generating abandons it at once; ``last.ckpt`` then holds the iteration before it, with the prompt
 stream where that iteration left it, so a resume replays exactly. A second signal during the update
 waits for the update (seconds), so that half-updated weights are never saved. A signal during an
-evaluation between iterations (``trainer.val_check_interval``) stops when the evaluation ends, with no
-iteration after it; a second one abandons the evaluation. A failure recorded with
+evaluation between iterations (``trainer.val_check_interval``) ends it after the problem batch being
+scored, unlogged (a part of the test split is no score), and stops with no iteration after it; a second
+one abandons that batch. A signal after an iteration's end and before the next one starts is announced
+by what comes next: the evaluation it skips, or the iteration it lets finish. A failure recorded with
 ``lit_ppo.stop_requests.fail_after_iteration`` stops at the boundary the same way.
 
 ``last.ckpt`` of the final iteration is written before the final evaluation, so an evaluation that
@@ -46,6 +48,8 @@ class GracefulStop(L.Callback):
         self._trainer: L.Trainer | None = None
         self._saved_step = -1
         self._last_before: tuple | None = None
+        self._iteration: int | None = None  # the iteration running, until its end decides whether to stop
+        self._unannounced: str | None = None  # a signal received between iterations, told by what follows
 
     # ------------------------------------------------------------------ signals
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
@@ -61,27 +65,44 @@ class GracefulStop(L.Callback):
         name = signal_name(signum)
         trainer = self._trainer
         generating = bool(getattr(trainer.datamodule, "collecting", False))
-        # An evaluation during training follows a completed iteration: the stop comes when it ends.
         evaluating = trainer.validating and not trainer.sanity_checking
         if received_signal() is None:
             record_signal(signum)
             if evaluating:
-                self._say(f"received {name}: stopping after the evaluation of iteration {trainer.global_step}, "
-                          f"then writing last.ckpt (send {name} again to abandon the evaluation)")
-            else:
-                self._say(f"received {name}: finishing iteration {trainer.global_step + 1}, then writing last.ckpt "
+                self._say(f"received {name}: ending the evaluation of iteration {trainer.global_step} unscored, "
+                          f"then writing last.ckpt (send {name} again to abandon the batch being scored)")
+            elif self._iteration is not None:
+                self._say(f"received {name}: finishing iteration {self._iteration}, then writing last.ckpt "
                           f"(send {name} again to abandon the iteration)")
+            else:  # between iterations: an evaluation may come first or not, which its hooks know
+                self._unannounced = name
         elif evaluating:
             self._say(f"received {name} again: abandoning the evaluation of iteration {trainer.global_step}")
             raise KeyboardInterrupt
         elif generating:
             self._say(f"received {name} again: abandoning iteration {trainer.global_step + 1}")
             raise KeyboardInterrupt
+        elif self._iteration is not None:
+            self._say(f"received {name} again: the update of iteration {self._iteration} finishes first")
         else:
-            self._say(f"received {name} again: the update of iteration {trainer.global_step + 1} finishes first")
+            self._say(f"received {name} again: between iterations, nothing to abandon yet")
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
+        self._iteration = trainer.global_step + 1
+        self._announce(f"finishing iteration {self._iteration}, then writing last.ckpt")
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._announce(f"skipping the evaluation of iteration {trainer.global_step}, then writing last.ckpt")
+
+    def _announce(self, what: str) -> None:
+        if self._unannounced:
+            self._say(f"received {self._unannounced}: {what}")
+            self._unannounced = None
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         # A signal may reach one rank only (kill <pid>): every rank stops at the same boundary.
+        self._iteration = None  # first: a signal from here on is announced by what follows
         stopping = trainer.strategy.reduce_boolean_decision(stop_requested(), all=False)
         if stopping:
             trainer.should_stop = True

@@ -34,6 +34,7 @@ from lit_ppo.rollout.engine import SamplingParams
 from lit_ppo.rollout.producer import decoupled_loss_problem
 from lit_ppo.rollout.workflows import task_name
 from lit_ppo.sampling import allowed_mask
+from lit_ppo.stop_requests import stop_requested
 
 SUMMED = ("rollout/accepted", "rollout/rejected", "rollout/invalid_rewards", "rollout/dropped_stale",
           "perf/tokens_per_s")
@@ -760,9 +761,7 @@ class LitPPO(L.LightningModule):
 
     def validation_step(self, batch: list[int], batch_idx: int) -> None:
         """Score test problems ``batch`` (indices into the task's test split) through the engine."""
-        from lit_ppo.stop_requests import received_signal
-
-        if received_signal() is not None:  # stopping: the checkpoint matters now, not the scores
+        if stop_requested():  # stopping: the checkpoint matters now, not the scores
             return
         self._eval_sums += self.trainer.datamodule.evaluate(batch)
 
@@ -771,7 +770,7 @@ class LitPPO(L.LightningModule):
         datamodule = self.trainer.datamodule
         sums = self.trainer.strategy.reduce(self._eval_sums.to(self.device), reduce_op="sum").cpu()
         metrics = eval_metrics(sums, datamodule.eval.k)
-        if metrics:  # float64 tensors: Lightning would store Python floats in float32
+        if metrics and not stop_requested():  # an evaluation cut short by a stop scored part of the split  # float64 tensors: Lightning would store Python floats in float32
             self.log_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}, on_step=False,
                           on_epoch=True, sync_dist=False, batch_size=1)
         datamodule.engine.sleep()

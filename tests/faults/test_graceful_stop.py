@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from lit_ppo.checkpoints import read_checkpoint
-from tests.integration.conftest import wait_for_text
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
@@ -185,57 +184,93 @@ def test_second_sigint_abandons_generation_and_resumes_exactly(uninterrupted, tm
     assert_same_state(resume_to_the_end(work, cache, ckpt), reference)
 
 
-# An evaluation after iteration 3 that lasts seconds: every test problem, 64 samples each.
-EVALUATION = ["trainer.val_check_interval=3", "eval.max_problems=null", "eval.k=64"]
+# Runs `python -m lit_ppo` with a hook that, once training reaches iteration SIGNAL_STEP, sends this
+# process the SIGNALS (real signals, delivered in os.kill) as it enters SIGNAL_AT: a point between two
+# lines of the training loop that no timing from outside hits reliably.
+SIGNAL_AT = """
+import importlib, os, signal, sys
+
+from lightning.pytorch import Trainer
+
+module, owner, hook = os.environ["SIGNAL_AT"].split(":")
+cls = getattr(importlib.import_module(module), owner)
+original = getattr(cls, hook)
+sent = []
+
+def hooked(self, *args, **kwargs):
+    trainer = args[0] if args and isinstance(args[0], Trainer) else self.trainer
+    at_step = trainer.state.fn == "fit" and trainer.global_step == int(os.environ["SIGNAL_STEP"])
+    if at_step and not trainer.sanity_checking and not sent:
+        for name in os.environ["SIGNALS"].split(","):
+            sent.append(name)
+            os.kill(os.getpid(), getattr(signal, name))
+    return original(self, *args, **kwargs)
+
+setattr(cls, hook, hooked)
+from lit_ppo.__main__ import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+WEIGHT_PUSH = "lit_ppo.callbacks.weight_sync:WeightSync:on_train_batch_end"  # before the boundary's decision
+PERIODIC_CHECKPOINT = "lightning.pytorch.callbacks:ModelCheckpoint:on_train_batch_end"  # after it
+EVALUATION_BATCH = "lit_ppo.module:LitPPO:validation_step"
+EVALUATION = "trainer.val_check_interval=3"  # an evaluation after iteration 3
 
 
-def start_logged(work: Path, cache: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
-    """``start`` with its output in a file that the test reads while the run goes on."""
+def run_signalled(work: Path, cache: Path, at: str, signals: str, *extra: str) -> tuple[int, str]:
+    """Train with ``signals`` sent at ``at`` in iteration 3; the exit code and the output."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "progress_probe.py").write_text(PROBE)
-    log = work / "output.txt"
-    path = os.pathsep.join(filter(None, [str(work), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "LIT_PPO_CACHE": str(cache), "PYTHONPATH": path, "PROBE_FILE": str(work / "probe.txt")}
-    args = [a for a in ARGS if not a.startswith("eval.max_problems=")]
-    with log.open("w") as err_file:
-        proc = subprocess.Popen([sys.executable, "-m", "lit_ppo", "fit", *args, *extra], cwd=work, env=env,
-                                stdout=err_file, stderr=subprocess.STDOUT)
-    return proc, log
+    (work / "signal_at.py").write_text(SIGNAL_AT)
+    env = {**os.environ, "LIT_PPO_CACHE": str(cache), "PYTHONPATH": os.pathsep.join([str(work), str(REPO)]),
+           "PROBE_FILE": str(work / "probe.txt"), "SIGNAL_AT": at, "SIGNAL_STEP": "3", "SIGNALS": signals}
+    done = subprocess.run([sys.executable, "signal_at.py", "fit", *ARGS, "logger=none", *extra], cwd=work,
+                          env=env, capture_output=True, text=True, timeout=300)
+    return done.returncode, done.stdout + done.stderr
 
 
 @pytest.mark.slow
-def test_sigterm_during_an_evaluation_stops_when_it_ends_and_resumes_exactly(uninterrupted, tmp_path):
+def test_sigterm_during_an_evaluation_ends_it_unscored_and_resumes_exactly(uninterrupted, tmp_path):
     cache, reference = uninterrupted
     work = tmp_path / "run"
-    proc, log = start_logged(work, cache, "logger=none", *EVALUATION)
-    wait_for_text(log, "iteration 3/6", proc, timeout=240)  # printed as iteration 3 ends, before its evaluation
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=300) == 143
-    err = log.read_text()
-    assert "received SIGTERM: stopping after the evaluation of iteration 3" in err, err[-3000:]
-    assert "eval at iteration 3:" in err and "iteration 4/6" not in err  # no iteration, nor evaluation, more
-    ckpt = last_checkpoint(err, work)
+    code, out = run_signalled(work, cache, EVALUATION_BATCH, "SIGTERM", EVALUATION)
+    assert code == 143, out[-3000:]
+    assert "received SIGTERM: ending the evaluation of iteration 3 unscored" in out, out[-3000:]
+    # No score of part of the test split, no iteration after it, nor the evaluation a stop brings.
+    assert "eval at iteration 3:" not in out and "iteration 4/6" not in out
+    ckpt = last_checkpoint(out, work)
     state = load(ckpt)
     assert state["global_step"] == 3 and state["RolloutDataModule"]["requests"] == 3
-    proc, log = start_logged(work, cache, "logger=none", *EVALUATION, "--ckpt_path", str(ckpt))
-    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    code, out = finish(start(work, cache, "logger=none", EVALUATION, "--ckpt_path", str(ckpt)))
+    assert code == 0, out[-3000:]
     assert_same_state(load(ckpt), reference)  # evaluations leave training as it was
 
 
 @pytest.mark.slow
 def test_a_second_signal_abandons_the_evaluation(uninterrupted, tmp_path):
     cache, _ = uninterrupted
-    work = tmp_path / "run"
-    proc, log = start_logged(work, cache, "logger=none", *EVALUATION)
-    wait_for_text(log, "iteration 3/6", proc, timeout=240)
-    proc.send_signal(signal.SIGINT)
-    wait_for_text(log, "stopping after the evaluation of iteration 3", proc, timeout=60)
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=120) == 130
-    err = log.read_text()
-    assert "received SIGINT again: abandoning the evaluation of iteration 3" in err, err[-3000:]
-    assert "eval at iteration 3:" not in err and "iteration 4/6" not in err
-    assert load(last_checkpoint(err, work))["global_step"] == 3  # the iteration before the evaluation is kept
+    code, out = run_signalled(tmp_path, cache, EVALUATION_BATCH, "SIGINT,SIGINT", EVALUATION)
+    assert code == 130, out[-3000:]
+    assert "received SIGINT again: abandoning the evaluation of iteration 3" in out, out[-3000:]
+    assert "eval at iteration 3:" not in out and "iteration 4/6" not in out
+    assert load(last_checkpoint(out, tmp_path))["global_step"] == 3  # the iteration before the evaluation
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("at", "extra", "said", "step"), [
+    (WEIGHT_PUSH, EVALUATION, "finishing iteration 3", 3),
+    (PERIODIC_CHECKPOINT, EVALUATION, "skipping the evaluation of iteration 3", 3),
+    (PERIODIC_CHECKPOINT, "trainer.val_check_interval=20", "finishing iteration 4", 4),
+], ids=["before-the-boundary", "evaluation-next", "iteration-next"])
+def test_a_signal_at_an_iteration_boundary_says_what_it_stops(uninterrupted, tmp_path, at, extra, said, step):
+    """Between an iteration's update and the next thing the loop does, the line printed is what happens."""
+    cache, _ = uninterrupted
+    code, out = run_signalled(tmp_path, cache, at, "SIGTERM", extra)
+    assert code == 143, out[-3000:]
+    assert f"received SIGTERM: {said}, then writing last.ckpt" in out, out[-3000:]
+    assert f"stopped by SIGTERM after iteration {step};" in out and f"iteration {step + 1}/6" not in out
+    assert "eval at iteration" not in out
+    assert load(last_checkpoint(out, tmp_path))["global_step"] == step
 
 
 @pytest.mark.slow
