@@ -35,7 +35,7 @@ demo: setup
 	@echo "  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db"
 	@echo "Resume: python -m lit_ppo fit algo=grpo --ckpt_path runs/lit_ppo/<run>/checkpoints/last.ckpt"
 
-# Quick versions of every benchmark; each script's --full flag runs the README's tables. TRL (for
+# Quick versions of every benchmark; each script's --full flag runs the tables of docs/benchmarks.md. TRL (for
 # bench_vs_trl.py) comes from requirements-bench.txt, which the tests never need.
 bench: setup
 	$(PY) -m pip install --quiet -r requirements-bench.txt

@@ -1,6 +1,6 @@
 """Algorithm configuration: the one schema for presets, Hydra and LightningCLI.
 
-Field names, types and defaults follow AReaL (ALGORITHMS.md section 2); every field is validated in
+Field names, types and defaults follow AReaL (docs/algorithms.md#differences-from-areal); every field is validated in
 ``__post_init__``, against its declared type (``check_fields``, shared by every config section) and then
 its range, and an error names the field, the bad value and what is allowed.
 """
@@ -215,7 +215,7 @@ def _as_config(cls: type, name: str, value: Any):
 
 @dataclass
 class NormConfig:
-    """Normalisation of rewards ``[B]`` or advantages ``[B, T]`` (ALGORITHMS.md section 4)."""
+    """Normalisation of rewards ``[B]`` or advantages ``[B, T]`` (docs/algorithms.md#normalisation)."""
 
     mean_level: str | None = "batch"
     """Mean subtracted: 'batch' (whole batch, all ranks), 'group' (per prompt group) or None (no centring)."""

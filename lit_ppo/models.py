@@ -1,5 +1,5 @@
 """Models: build or load the policy, the critic (value head) and the frozen reference, and compute
-label-aligned log-probs under the sampling distribution (DESIGN.md 4.1, 6).
+label-aligned log-probs under the sampling distribution (docs/algorithms.md#data-layout).
 
 Pure torch / transformers, no Lightning. Three model sources, all offline:
 

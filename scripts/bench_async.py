@@ -2,7 +2,7 @@
 training (rollout.max_head_offpolicyness=0) vs a producer thread up to k=1 or 2 policy versions ahead.
 
     python scripts/bench_async.py          # quick: tiny only, 40 iterations x 1 run per row (~1 min idle)
-    python scripts/bench_async.py --full   # README numbers: tiny (100 x 2) + smollm2 (8 x 1), ~30 min, 2 cores
+    python scripts/bench_async.py --full   # docs/benchmarks.md numbers: tiny (100 x 2) + smollm2 (8 x 1), ~30 min, 2 cores
     python scripts/bench_async.py [--workloads tiny,smollm2] [--ks 0,1,2] [--iterations N] [--repeats R]
                                   [--threads 2] [--no-sync-ref] [--warmup 2] [--output FIGURE.png]
                                   [--json out.json] [key=value ...]
@@ -240,7 +240,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before a run is killed (default 3600)")
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "lit_ppo_bench_cache",
                         help="LIT_PPO_CACHE of every run (models built / converted once)")
-    parser.add_argument("--output", type=Path, help="the figure (default: the README's docs/bench-async.png with "
+    parser.add_argument("--output", type=Path, help="the figure (default: docs/bench-async.png with "
                                                     "--full, else bench-async.png in the temporary directory)")
     parser.add_argument("--json", type=Path, help="also write every run's metrics here")
     parser.add_argument("overrides", nargs="*", help="more key=value overrides for every run")

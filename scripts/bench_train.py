@@ -1,7 +1,7 @@
 """Training benchmark: seconds per RL iteration and peak memory, default run vs model=smollm2.
 
     python scripts/bench_train.py                 # quick (make bench): the default run only
-    python scripts/bench_train.py --full          # README numbers: + model=smollm2 (minutes per iteration)
+    python scripts/bench_train.py --full          # docs/benchmarks.md numbers: + model=smollm2 (minutes per iteration)
     python scripts/bench_train.py [--steps 5] [--only tiny|smollm2]
 
 Each configuration runs in its own subprocess through the real CLI (so peak RSS is its own), one

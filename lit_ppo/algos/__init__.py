@@ -1,4 +1,4 @@
-"""The PPO-family algorithm core: pure torch, no Lightning (DESIGN.md section 4)."""
+"""The PPO-family algorithm core: pure torch, no Lightning (docs/algorithms.md#the-algorithm-core)."""
 
 from lit_ppo.algos.advantages import Advantages, compute_advantages
 from lit_ppo.algos.gae import ADVANTAGE_ESTIMATORS, compute_gae, register_advantage_estimator, validate_turn_ids

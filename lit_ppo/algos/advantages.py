@@ -1,4 +1,5 @@
-"""The advantage pipeline of one batch, in ALGORITHMS.md section 3 order, label-aligned ``[B, T]``.
+"""The advantage pipeline of one batch, label-aligned ``[B, T]``, in the order of
+docs/algorithms.md#advantage-pipeline:
 
 overlong penalty -> bias / scale / clip -> reward_norm -> KL reward -> outcome on the last generated
 token -> GAE (static or dynamic lambda, token or turn unit) -> adv_norm.

@@ -1,4 +1,4 @@
-"""Dynamic GAE lambda: one lambda per trajectory from its length (ALGORITHMS.md 3.8).
+"""Dynamic GAE lambda: one lambda per trajectory from its length (docs/algorithms.md#dynamic-gae-lambda).
 
 ``actor.gae_lambda`` is either a number or a dotted path to ``fn(ctx, **gae_lambda_kwargs)`` that
 returns a ``[B]`` float tensor; the built-ins below are two such functions.

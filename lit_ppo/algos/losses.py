@@ -1,4 +1,5 @@
-"""Policy and value losses (ALGORITHMS.md sections 5 and 6), label-aligned ``[B, T]``.
+"""Policy and value losses, label-aligned ``[B, T]`` (docs/algorithms.md#policy-losses,
+docs/algorithms.md#value-loss).
 
 A policy loss is a registered per-token surrogate L_t(r_t, A_t); ``policy_loss`` supplies the ratio
 (token, or GSPO's sequence ratio), the decoupled behaviour weight w_t, rejection sampling and the

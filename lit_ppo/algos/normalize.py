@@ -1,4 +1,4 @@
-"""The normalisation operator of rewards and advantages (ALGORITHMS.md section 4).
+"""The normalisation operator of rewards and advantages (docs/algorithms.md#normalisation).
 
 x is ``[B]`` (one reward per row) or ``[B, T]`` (token advantages). Statistics are float64; the
 mean mu is per element (leave-one-out makes it so) and the std is taken around that same mu, so

@@ -1,4 +1,4 @@
-"""Rejection sampling of off-policy tokens: IcePop, KPop and weight clamping (ALGORITHMS.md 5.4).
+"""Rejection sampling of off-policy tokens: IcePop, KPop and weight clamping (docs/algorithms.md#rejection-sampling).
 
 The behaviour importance weight w_t = pi_prox / pi_behave corrects for the gap between the policy
 that sampled a token (the inference engine, possibly stale) and the proximal policy the loss is

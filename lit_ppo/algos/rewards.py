@@ -1,4 +1,4 @@
-"""Reward shaping of the scalar outcome reward per row, before normalisation (ALGORITHMS.md 3.1-3.2)."""
+"""Reward shaping of the scalar outcome reward per row, before normalisation (docs/algorithms.md#reward-shaping)."""
 
 from __future__ import annotations
 

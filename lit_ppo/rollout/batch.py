@@ -1,4 +1,4 @@
-"""RolloutBatch: the trajectories of one RL iteration, label-aligned ``[B, T]`` (DESIGN.md 4.1).
+"""RolloutBatch: the trajectories of one RL iteration, label-aligned ``[B, T]`` (docs/algorithms.md#data-layout).
 
 Row b is prompt + completion (+ environment turns), right-padded. Per-token fields describe the
 token AT that index; ``rewards`` is one raw task reward per row (before any shaping), to be placed

@@ -2,8 +2,9 @@
 
 Each record has ``question`` and ``answer`` = "rationale ... #### 42" (GSM8K's format). The prompt
 asks for a ``\\boxed{}`` answer; the reward is 1.0 iff math-verify judges the completion
-equivalent to the number after "####" (ALGORITHMS.md section 10), so "\\boxed{1/2}" matches
-"#### 0.5". Nothing is downloaded: point ``train_path`` at a .jsonl or .parquet file.
+equivalent to the number after "####" (default math-verify settings; 0.0 on any error or after
+``timeout_s``), so "\\boxed{1/2}" matches "#### 0.5". Nothing is downloaded: point ``train_path``
+at a .jsonl or .parquet file.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """lit_ppo.config dataclasses and the policy-loss / advantage-estimator registries.
 
-Defaults and rules come from /tmp/api.md, DESIGN.md 4.3 and ALGORITHMS.md 2 (with the documented
-deviations: binary_kl is valid, config-time ValueErrors instead of loss-time asserts).
+Defaults and rules are AReaL's, with the deviations of docs/algorithms.md#differences-from-areal
+(binary_kl is valid, config-time ValueErrors instead of loss-time asserts).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
-"""Unit tests for ``lit_ppo.algos.compute_gae`` (DESIGN.md 4.2; ALGORITHMS.md 1.5, 3.6, 3.7, 11).
+"""Unit tests for ``lit_ppo.algos.compute_gae`` (docs/algorithms.md#gae,
+docs/algorithms.md#the-turn_ids-contract).
 
-Layout is label-aligned (DESIGN.md 4.1). The AReaL cases of ALGORITHMS.md section 11 are
-re-expressed: their arrays are already shifted, so they are used as label-aligned arrays directly;
-"no_eos True" becomes bootstrap = V[S-1] of that row. Differences from AReaL that these tests
-follow: inactive tokens get advantage 0 and return 0. Every expected value is computed by hand.
+Layout is label-aligned (docs/algorithms.md#data-layout). A test named ``caseN`` re-expresses case N
+of AReaL's GAE tests (tests/test_ppo_gae.py): their arrays are already shifted, so they are used as
+label-aligned arrays directly; "no_eos True" becomes bootstrap = V[S-1] of that row. Differences
+from AReaL that these tests follow: inactive tokens get advantage 0 and return 0. Every expected
+value is computed by hand.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def test_token_gamma_lambda_one_no_critic_broadcasts_outcome():
 
 
 def test_token_hand_computed_areal_case4_data():
-    # Data of ALGORITHMS.md 11 case 4, label-aligned, recomputed for lit_ppo's semantics
+    # Data of AReaL's token-GAE case 4 (2 rows, gamma .9, lam .8; checked there against a reference loop),
+    # label-aligned, recomputed for lit_ppo's semantics
     # (every active token including position S-1 is part of the recurrence).
     # gamma .9, lam .8 (gamma*lam = .72)
     # Row 0: r [0,.5,0,2], V [.1,.2,.3,.4], m [1,1,0,1], bootstrap 0

@@ -1,5 +1,5 @@
 """Unit tests for the KL estimators, the KL reward, the overlong penalty and reward shaping
-(ALGORITHMS.md 3.1, 3.2, 3.4; DESIGN.md 4.2). Expected values are computed by hand."""
+(steps 1, 2 and 4 of docs/algorithms.md#advantage-pipeline). Expected values are computed by hand."""
 
 from __future__ import annotations
 

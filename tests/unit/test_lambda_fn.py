@@ -1,5 +1,7 @@
-"""Unit tests for dynamic GAE lambda (ALGORITHMS.md 3.8, cases 6-18 and 22 of section 11;
-DESIGN.md 4.2): GaeLambdaContext.from_mask, the built-in lambda functions and resolve_gae_lambda.
+"""Unit tests for dynamic GAE lambda (docs/algorithms.md#dynamic-gae-lambda): GaeLambdaContext.from_mask,
+the built-in lambda functions and resolve_gae_lambda. A test named ``caseN`` re-expresses case N of
+AReaL's GAE and lambda tests (tests/test_ppo_gae.py): 6-8 a static lambda, 9, 10 and 18 the VAPO
+lambda, 11-15 the relative-position lambda, 16-17 custom functions, 22 the context's token count.
 
 The custom lambda functions used through dotted paths are defined at module level below and are
 referred to as ``tests.unit.test_lambda_fn.<name>`` (tests/ and tests/unit/ are packages).

@@ -1,5 +1,5 @@
 """Unit tests for ``lit_ppo.models``: tiny model + tokenizer, cache, loader, label-aligned log-probs
-under the sampling distribution, critic and reference (DESIGN.md 4.1, 6).
+under the sampling distribution, critic and reference (docs/algorithms.md#data-layout).
 
 Expected log-probs come from the naive path: the model's full ``[B, T, V]`` logits, shifted by hand,
 through ``lit_ppo.sampling`` (the engines' distribution). Entropies are recomputed in float64.

@@ -1,4 +1,4 @@
-"""Unit tests for ``lit_ppo.algos.normalize`` (ALGORITHMS.md section 4, DESIGN.md 4.2).
+"""Unit tests for ``lit_ppo.algos.normalize`` (docs/algorithms.md#normalisation).
 
 Every expected value below is computed by hand (the arithmetic is in the comments or written out as
 a Python expression from the math), never by calling the implementation.
@@ -214,7 +214,7 @@ def test_masked_outputs_exactly_zero_every_branch():
 
 
 # --------------------------------------------------------------------------------------------
-# leave-one-out (section 11, test_adv_norm_config.py worked cases)
+# leave-one-out (the worked cases of AReaL's tests/test_adv_norm_config.py)
 # --------------------------------------------------------------------------------------------
 
 

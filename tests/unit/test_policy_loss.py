@@ -1,4 +1,4 @@
-"""policy_loss and value_loss (ALGORITHMS.md 5.5-5.9, 5.12, 6; DESIGN.md 4.2).
+"""policy_loss and value_loss (docs/algorithms.md#policy-losses, docs/algorithms.md#value-loss).
 
 Conventions: old_logp = 0 so the ratio is r = exp(logp); expected values are worked by hand in the
 comments (or from the closed-form math with the `math` module), never from the implementation.
@@ -384,7 +384,8 @@ def test_sapo_sequence_level():
 
 
 def test_decoupled_weight_always_applied():
-    # use_decoupled_loss without rejection_sampling: w = exp(old - behave) still applied (DESIGN 4.2).
+    # use_decoupled_loss without rejection_sampling: w = exp(old - behave) still applied
+    # (docs/algorithms.md#decoupled-loss).
     # old = 0, logp = 0 (r = 1), behave = [-.5, .3, 0, -1] -> w = [e^.5, e^-.3, 1, e]
     # A = [1, 2, -1, .5]: loss = -(e^.5 + 2 e^-.3 - 1 + .5 e) / 4; grad = -A w / 4.
     w = [math.exp(0.5), math.exp(-0.3), 1.0, math.e]

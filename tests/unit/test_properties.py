@@ -1,6 +1,6 @@
 """Property tests: ``normalize`` and ``compute_gae`` agree with slow pure-Python reference loops
-written here from the math (ALGORITHMS.md section 4; DESIGN.md 4.2 token and turn level) on random
-inputs. The references work in Python floats (float64) on the float32-rounded inputs.
+written here from the math (docs/algorithms.md#normalisation; docs/algorithms.md#gae, token and turn
+level) on random inputs. The references work in Python floats (float64) on the float32-rounded inputs.
 """
 
 from __future__ import annotations

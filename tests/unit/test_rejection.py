@@ -1,4 +1,4 @@
-"""rejection_sampling (IcePop / KPop filter), ALGORITHMS.md 5.4 in the label-aligned [B, T] layout.
+"""rejection_sampling (IcePop / KPop filter), docs/algorithms.md#rejection-sampling, in the label-aligned [B, T] layout.
 
 Every expected value below is computed by hand (see the comments) from the specification, with
 l = prox_logp - behave_logp. Most cases put prox_logp = l and behave_logp = 0 so that l is exact in

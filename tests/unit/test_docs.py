@@ -1,0 +1,88 @@
+"""The README and docs/ hold together: every relative link and anchor resolves, every config group option
+is documented, every docs/ anchor cited in code or conf exists, and nothing cites a file that is not in
+the repository."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+CITED = re.compile(r"docs/([\w-]+\.md)(#[\w-]+)?")
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # a '# comment' in a code block is no heading
+    found: set[str] = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", text, re.M):
+        name, n = anchor(heading), 1
+        while name in found:  # GitHub numbers repeated headings
+            name, n = f"{anchor(heading)}-{n}", n + 1
+        found.add(name)
+    return found
+
+
+def test_the_anchor_rule():
+    assert anchor("Asynchronous rollouts") == "asynchronous-rollouts"
+    assert anchor("Tracking: MLflow, TensorBoard, CSV") == "tracking-mlflow-tensorboard-csv"
+    assert anchor("The turn_ids contract") == "the-turn_ids-contract"
+    assert anchor("`smollm2_word_problems`: SmolLM2-135M learns") == "smollm2_word_problems-smollm2-135m-learns"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_and_anchor_resolves(page):
+    broken = []
+    for target in LINK.findall(re.sub(r"```.*?```", "", page.read_text(), flags=re.S)):
+        if re.match(r"[a-z]+:", target):
+            continue  # http(s):, mailto:
+        path, _, fragment = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif fragment and fragment not in anchors(linked):
+            broken.append(f"{target}: no heading #{fragment} in {linked.relative_to(REPO)}")
+    assert not broken, broken
+
+
+def test_every_docs_anchor_cited_in_code_or_conf_exists():
+    broken = []
+    sources = [*REPO.glob("lit_ppo/**/*.py"), *REPO.glob("callbacks/*.py"), *REPO.glob("conf/**/*.yaml"),
+               *REPO.glob("scripts/*.py"), *REPO.glob("tests/**/*.py"), REPO / "Makefile"]
+    for source in sources:
+        for page, fragment in CITED.findall(source.read_text()):
+            target = REPO / "docs" / page
+            if not target.exists() or (fragment and fragment[1:] not in anchors(target)):
+                broken.append(f"{source.relative_to(REPO)}: docs/{page}{fragment}")
+    assert not broken, broken
+
+
+def test_nothing_cites_a_document_outside_the_repository():
+    outside = re.compile(r"\b(DESIGN|ALGORITHMS|ARCHITECTURE-REVIEW)\.md\b")
+    sources = [*REPO.glob("lit_ppo/**/*.py"), *REPO.glob("callbacks/*.py"), *REPO.glob("conf/**/*.yaml"),
+               *REPO.glob("scripts/*.py"), *REPO.glob("tests/**/*.py"), *PAGES]
+    assert [str(s.relative_to(REPO)) for s in sources if outside.search(s.read_text())] == []
+
+
+def test_every_config_group_option_is_documented():
+    """Each option of each group is in docs/running.md's table of groups, and each algo preset has its
+    section in docs/algorithms.md."""
+    table = {}
+    for group, options in re.findall(r"^\| `(\w+)` \| (.+?) \|", (REPO / "docs" / "running.md").read_text(), re.M):
+        table[group] = set(re.findall(r"`(\w+)`", options))
+    groups = {d.name for d in (REPO / "conf").iterdir() if d.is_dir() and not d.name.startswith("_")}
+    assert set(table) == groups
+    for group in groups:
+        shipped = {p.stem for p in (REPO / "conf" / group).glob("*.yaml")}
+        assert shipped <= table[group], f"{group}: {sorted(shipped - table[group])} not in docs/running.md"
+    sections = anchors(REPO / "docs" / "algorithms.md")
+    for option in {p.stem for p in (REPO / "conf" / "algo").glob("*.yaml")}:
+        assert anchor(option) in sections, f"algo={option} has no section in docs/algorithms.md"
