@@ -91,15 +91,11 @@ class RolloutDataModule(L.LightningDataModule):
             error naming the engine, since the engine is then not sampling from the trainer's
             weights. Measured by the trainer's recompute pass (``actor.recompute_logprob`` or the
             decoupled loss) or else by the first minibatch's forward pass, as the token mean over
-            all ranks. 'auto' (the default) is 1e-3 where engine and trainer compute in float32 (the
-            gap then measures about 1e-6 for both engines) and 0.1 where either computes in lower
-            precision (``model.dtype`` or ``rollout.engine_kwargs.dtype`` not float32,
-            ``trainer.precision`` not 32), whose rounding alone gives gaps of 6e-3 (the tiny model,
-            bfloat16 vLLM engine) to 0.036 (SmolLM2-135M, bf16-mixed), while an engine left with old
-            weights measures 0.7. A number replaces both; None (null) disables the check. Under lower
-            precision the error recommends the decoupled loss with rejection sampling (rejection=icepop
-            / kpop), which corrects for the gap, and a gap above 1e-3 within the limit warns once when
-            the loss is not decoupled.
+            all ranks. 'auto' (the default) is 1e-3 where engine and trainer compute in float32 and
+            0.1 where either computes in lower precision (``model.dtype`` or
+            ``rollout.engine_kwargs.dtype`` not float32, ``trainer.precision`` not 32); a number
+            replaces both; None (null) disables the check. The measured gaps and what the error
+            recommends: docs/rollout.md#the-log-prob-gap.
         eval: how the task's test split is scored every ``trainer.val_check_interval`` iterations,
             at the end of ``fit``, and by ``validate`` / ``test`` (see ``lit_ppo.evaluation``).
         max_head_offpolicyness: k, how many policy versions a trained token may lag the policy that

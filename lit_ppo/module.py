@@ -191,11 +191,11 @@ class _MetricSum:
 
 
 FLOAT32_LOGP_GAP = 1e-3
-"""Mean behaviour / trainer log-prob gap (nats per token) that float32 end to end stays below (measured
-~1e-6): rollout.max_logp_gap=auto's limit in float32, and above it, under lower precision, the check warns."""
+"""rollout.max_logp_gap=auto's limit (mean nats per token) in float32; under lower precision a gap above
+it warns (docs/rollout.md#the-log-prob-gap has the measurements)."""
 LOWER_PRECISION_LOGP_GAP = 0.1
 """rollout.max_logp_gap=auto's limit where engine or trainer computes in lower precision: above bf16's
-rounding (0.025 to 0.036 on SmolLM2-135M), far below the gap of an engine left with old weights (0.7)."""
+rounding, far below a broken weight push (docs/rollout.md#the-log-prob-gap)."""
 
 
 @dataclass
@@ -247,7 +247,7 @@ class _LogpGapCheck:
                     f"train anyway)")
         # Rounding, not a stale engine: the behaviour policy really differs from the trainer's, which
         # the decoupled loss corrects (behaviour importance weight) and rejection sampling bounds.
-        suggested = max(0.1, float(f"{2 * gap:.1g}"))  # SmolLM2 in bf16 measures 0.025 to 0.036
+        suggested = max(0.1, float(f"{2 * gap:.1g}"))
         raise_it = f"raise rollout.max_logp_gap, e.g. {suggested:g}, or set it to null"
         if not self.decoupled:
             fix = (f"use the decoupled loss with rejection sampling, which weights each token by pi_prox/pi_behave "

@@ -45,7 +45,7 @@ class HFEngine:
         dtype: weight dtype of the engine's copy, 'float32', 'bfloat16' or 'float16' (as vLLM's
             ``dtype``: ``rollout.engine_kwargs.dtype``); None or 'auto' keeps the policy's. Pushed
             weights are cast to it. A lower precision than the trainer's widens the behaviour /
-            trainer log-prob gap (about 6e-3 nats per token for bfloat16 on the tiny model).
+            trainer log-prob gap (docs/rollout.md#the-log-prob-gap).
         autocast: 'bfloat16' or 'float16' runs every forward pass under ``torch.autocast`` of that
             dtype on the engine's device, as Lightning's ``trainer.precision=bf16-mixed`` /
             ``16-mixed`` runs the trainer's (the data module passes the trainer's): the engine then
