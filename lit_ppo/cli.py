@@ -9,7 +9,6 @@ params show (``data.gconfig.n_samples``, ``model.actor.eps_clip``) work as overr
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import re
 import sys
@@ -41,6 +40,7 @@ from lit_ppo.schedulers import scheduler_config
 from lit_ppo.stop_requests import Stopped, exit_code, pending_failure, received_signal, signal_name
 from lit_ppo.tracking import RUN_DIR_ENV, TrackedConfig, end_started_runs, run_name, start, start_mlflow_runs
 from lit_ppo.user_exit import user_exit_message
+from lit_ppo.utils.text import closest, did_you_mean, one_of
 
 
 # Hydra root key -> path in LightningCLI's tree.
@@ -154,11 +154,33 @@ def _section_keys(section: str) -> list[str]:
 
 def _suggest(key: str) -> str:
     """`` (did you mean <section>.<field>?)`` for a mistyped ``key``, in the section as typed (a
-    LightningCLI name such as ``model.model.lora_rnk`` included); "" when nothing is close."""
+    LightningCLI name such as ``model.model.lora_rnk`` included); for a key without a section, the
+    keys that end in it or close to it (``lr``: ``actor.optimizer.lr or critic.optimizer.lr``); "" when
+    nothing is close."""
     section, _, name = key.rpartition(".")
-    candidates = _section_keys(typed_key(section)) if section else []
-    close = difflib.get_close_matches(name, candidates, n=1)
-    return f" (did you mean {section}.{close[0]}?)" if close and close[0] != name else ""
+    if section:
+        return did_you_mean(name, _section_keys(typed_key(section)), prefix=f"{section}.")
+    keys = _all_keys()
+    ends = {k.rsplit(".", 1)[-1].lower() for k in keys}
+    last = name.lower() if name.lower() in ends else next(iter(closest(name, ends)), None)
+    matches = [k for k in keys if k.rsplit(".", 1)[-1].lower() == last]
+    return f" (did you mean {one_of(matches[:3])}?)" if matches else ""
+
+
+def _all_keys() -> list[str]:
+    """Every ``section.field`` key and its nested ``section.field.field`` keys, in section order, each
+    under one name (``gconfig.n_samples``, not also ``data.gconfig.n_samples``)."""
+    sections, out = _known_keys(), []
+
+    def walk(prefix: str) -> None:
+        for name in _section_keys(prefix):
+            if name not in sections:
+                out.append(f"{prefix}.{name}")
+                walk(f"{prefix}.{name}")
+
+    for section in sections:
+        walk(section)
+    return out
 
 
 def _is_group(override: str) -> bool:
@@ -237,8 +259,8 @@ def _model_dir_overrides(overrides: list[str]) -> list[str]:
             continue
         path = Path(value).expanduser()
         if not (path.is_dir() or "/" in value or value.startswith("~")):
-            raise ConfigError(f"model={value} is invalid: must be one of {', '.join(options)} "
-                              f"or a local model directory")
+            raise ConfigError(f"model={value} is invalid{did_you_mean(value, options, prefix='model=')}: must be one "
+                              f"of {', '.join(options)} or a local model directory")
         problem = model_dir_problem(value)
         if problem is not None:
             raise ConfigError(f"model={value} {problem}")
@@ -313,8 +335,7 @@ def _construct(cls, values: Any, key: str):
     names = {f.name for f in fields(cls)}
     for name in values:
         if name not in names:
-            close = difflib.get_close_matches(name, sorted(names), n=1)
-            hint = f" (did you mean {key}.{close[0]}?)" if close else ""
+            hint = did_you_mean(name, sorted(names), prefix=f"{key}.")
             raise ConfigError(f"{key}.{name} is not a key{hint}; allowed: {', '.join(sorted(names))}")
     try:
         return cls(**values)
@@ -378,8 +399,7 @@ def validate(tree: dict, subcommand: str = "fit") -> None:
     allowed = list(inspect.signature(RolloutDataModule.__init__).parameters)[1:]
     for name in data:
         if name not in allowed:
-            close = difflib.get_close_matches(name, allowed, n=1)
-            hint = f" (did you mean data.{close[0]}?)" if close else ""
+            hint = did_you_mean(name, allowed, prefix="data.")
             raise ConfigError(f"data.{name} is not a key{hint}; allowed: {', '.join(allowed)}")
     hints = type_hints(RolloutDataModule.__init__)
     for name, value in data.items():

@@ -9,7 +9,6 @@ translate the rest into a ``ConfigError`` of one line (the CLI prints it with ex
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import logging
 import re
@@ -20,6 +19,7 @@ from typing import Any
 import yaml
 
 from lit_ppo.user_code import import_object
+from lit_ppo.utils.text import did_you_mean
 
 
 class ConfigError(ValueError):
@@ -87,7 +87,8 @@ def explain_hydra_error(error: Exception, options_of) -> str:
     missing = re.search(r"Could not find '([\w/]+)/([^']+)'", text)
     if missing:
         group, option = missing.groups()
-        return f"{group}={option} is invalid: must be one of {', '.join(options_of(group))}"
+        options = options_of(group)
+        return f"{group}={option} is invalid{did_you_mean(option, options, prefix=f'{group}=')}: must be one of {', '.join(options)}"
     parse = re.match(r"Error parsing override '(.*)'", first)
     if parse:
         reason = text.splitlines()[1] if len(text.splitlines()) > 1 else ""
@@ -194,11 +195,6 @@ _DEVICE_KEYS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
 they are added to a probe Trainer (the first whose addition fails is the key to blame)."""
 
 
-def _suggest(name: str, allowed: list[str]) -> str:
-    close = difflib.get_close_matches(name, allowed, n=1)
-    return f" (did you mean {close[0]}?)" if close else ""
-
-
 def check_trainer(trainer: dict) -> None:
     """Check Lightning's own arguments without building a model: names, ``max_steps``, the
     accelerator / devices / strategy / precision combination on this machine, and the callbacks."""
@@ -207,8 +203,7 @@ def check_trainer(trainer: dict) -> None:
     allowed = list(inspect.signature(L.Trainer.__init__).parameters)[1:]
     for name in trainer:
         if name not in allowed:
-            close = difflib.get_close_matches(name, allowed, n=1)
-            raise ConfigError(f"trainer.{name} is not a key" + (f" (did you mean trainer.{close[0]}?)" if close else ""))
+            raise ConfigError(f"trainer.{name} is not a key{did_you_mean(name, allowed, prefix='trainer.')}")
     max_steps = trainer.get("max_steps", -1)
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or (max_steps < 1 and max_steps != -1):
         raise ConfigError(f"trainer.max_steps={max_steps!r} is invalid: must be a positive integer (RL iterations) "
@@ -274,7 +269,7 @@ def _check_callback(index: int, spec: Any) -> None:
         for name in init_args:
             if name not in names:
                 raise ConfigError(f"{key}.init_args.{name} is not an argument of {cls.__name__}"
-                                  f"{_suggest(name, names)}; allowed: {', '.join(names)}")
+                                  f"{did_you_mean(name, names)}; allowed: {', '.join(names)}")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -8,7 +8,6 @@ its range, and an error names the field, the bad value and what is allowed.
 from __future__ import annotations
 
 import collections.abc
-import difflib
 import functools
 import math
 import types
@@ -16,6 +15,8 @@ import typing
 import warnings
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal, Union
+
+from lit_ppo.utils.text import did_you_mean
 
 NORM_LEVELS = ("batch", "group", None)
 REJECTION_LEVELS = ("token", "sequence")
@@ -200,8 +201,7 @@ def _as_config(cls: type, name: str, value: Any):
     allowed = [f.name for f in fields(cls)]
     for key in value:
         if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f" (did you mean {name}.{close[0]}?)" if close else ""
+            hint = did_you_mean(str(key), allowed, prefix=f"{name}.")
             raise ValueError(f"{name}.{key} is not a key{hint}; allowed: {', '.join(allowed)}")
     try:
         return cls(**value)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Sequence
 
@@ -15,6 +14,7 @@ from lit_ppo.tasks.gsm8k import GSM8KTask
 from lit_ppo.tasks.reasoning_gym import ReasoningGymTask
 from lit_ppo.tasks.word_problems import WordProblemsTask
 from lit_ppo.user_code import describe, import_object
+from lit_ppo.utils.text import did_you_mean
 
 TASKS: Registry = Registry("task")
 """Task name -> constructor taking the task's config as keyword arguments."""
@@ -44,8 +44,7 @@ def _check_kwargs(ctor, kwargs: dict, name: str) -> None:
     allowed = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     for key in kwargs:
         if key not in allowed:
-            close = difflib.get_close_matches(key, allowed, n=1)
-            hint = f" (did you mean data.task_kwargs.{close[0]}?)" if close else ""
+            hint = did_you_mean(key, allowed, prefix="data.task_kwargs.")
             raise ValueError(f"data.task_kwargs.{key} is not a key of task {name!r}{hint}; "
                              f"allowed: {', '.join(allowed)}")
 

@@ -9,11 +9,11 @@ model gives the final answer inside ``<answer></answer>``, extracted with
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from lit_ppo.tasks.base import Problem, split_problems
+from lit_ppo.utils.text import closest
 
 
 def _available_datasets() -> list[str]:
@@ -50,7 +50,7 @@ class ReasoningGymTask:
 
         names = _available_datasets()
         if self.dataset not in names:
-            close = difflib.get_close_matches(self.dataset, names, n=5, cutoff=0.5)
+            close = closest(self.dataset, names, n=5, cutoff=0.5)
             hint = f"did you mean {', '.join(close)}? " if close else ""
             raise ValueError(f"dataset={self.dataset!r} is not a reasoning-gym dataset; {hint}"
                              f"{len(names)} are available, e.g. {', '.join(names[:8])}, ...")

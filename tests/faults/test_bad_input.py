@@ -46,6 +46,14 @@ def error_of(capsys, *args: str) -> str:
      "rollout.max_head_offpolicyness?)"),
     (["+data.bach_size=3"], "data.bach_size is not a key (did you mean data.batch_size?)"),
     (["trainer.max_stpes=3"], "did you mean trainer.max_steps"),
+    # Case ignored, and a key without its section finds the keys that end in it.
+    (["algo=GRPO"], "algo=GRPO is invalid (did you mean algo=grpo?): must be one of dapo, "),
+    (["model=SmolLM2"], "model=SmolLM2 is invalid (did you mean model=smollm2?): must be one of smollm2, tiny or a "),
+    (["actor.EPS_clip=0.3"], "actor.EPS_clip is not a key (did you mean actor.eps_clip?)"),
+    (["lr=1e-5"], "lr is not a key (did you mean actor.optimizer.lr or critic.optimizer.lr?)"),
+    (["n_samples=4"], "n_samples is not a key (did you mean gconfig.n_samples?)"),
+    (["data.task_kwargs.Seed=1"], "data.task_kwargs.Seed is not a key of task 'arithmetic' (did you mean "
+     "data.task_kwargs.seed?)"),
     (["model=nope"], "model=nope is invalid: must be one of smollm2, tiny"),
 ])
 def test_config_errors_are_one_line(capsys, args, expected):
@@ -106,8 +114,8 @@ def test_validate_is_used_by_run(monkeypatch):
 @pytest.mark.parametrize("args,expected", [
     # a wrong option of any group names that group, not another one on the line
     (["rollout=sglang"], "error: rollout=sglang is invalid: must be one of hf, vllm"),
-    (["trainer=tpu"], "error: trainer=tpu is invalid: must be one of cpu, ddp, fsdp, gpu"),
-    (["algo=grpo", "rejection=popice"], "error: rejection=popice is invalid: must be one of icepop, kpop, none"),
+    (["trainer=tpu"], "error: trainer=tpu is invalid (did you mean trainer=gpu?): must be one of cpu, ddp, fsdp, gpu"),
+    (["algo=grpo", "rejection=popice"], "error: rejection=popice is invalid (did you mean rejection=kpop?): must be one of icepop, kpop, none"),
     (["data=gsm8k"], "error: data.task_kwargs.train_path is required: give data.task_kwargs.train_path=<value>"),
     (["data=gsm8k", "data.task_kwargs.train_path=nope.jsonl"],
      "error: data.task_kwargs.train_path='nope.jsonl': no such file"),

@@ -1,0 +1,1 @@
+"""Helpers with no lit_ppo imports, used by every layer above."""

@@ -1,0 +1,17 @@
+"""lit_ppo.utils.text: the names closest to a mistyped one, case ignored."""
+
+from lit_ppo.utils.text import closest, did_you_mean, one_of
+
+
+def test_closest_ignores_case_and_offers_nothing_for_an_allowed_name():
+    assert closest("GRPO", ["dapo", "grpo", "gspo"]) == ["grpo"]
+    assert closest("grpo", ["grpo", "gspo"]) == []
+    assert closest("lr_schedul", ["lr", "lr_schedule", "min_lr_ratio"]) == ["lr_schedule"]
+    assert closest("zzz", ["grpo", "ppo"]) == []
+    assert closest("gsm", ["gsm8k", "gsm_symbolic", "word_problems"], n=5, cutoff=0.5) == ["gsm8k"]
+
+
+def test_did_you_mean_and_one_of():
+    assert did_you_mean("Max_steps", ["max_steps", "min_steps"], prefix="trainer.") == " (did you mean trainer.max_steps?)"
+    assert did_you_mean("xyz", ["max_steps"]) == ""
+    assert [one_of(["a"]), one_of(["a", "b"]), one_of(["a", "b", "c"])] == ["a", "a or b", "a, b or c"]
