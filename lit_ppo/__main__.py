@@ -25,8 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
-    from lit_ppo.stop_requests import Stopped, exit_code, exit_on_signals, signal_name
+    from lit_ppo.stop_requests import Stopped, exit_code, exit_on_signals, forget_stop_requests, signal_name
 
+    forget_stop_requests()  # a request stops the command it arrived in, not a later one in this process
     with exit_on_signals():
         try:
             return _dispatch(argv)

@@ -198,3 +198,16 @@ def test_flag_values_may_contain_equals_signs():
 
     overrides, flags = split_arguments(["algo=grpo", "--ckpt_path", "runs/x/epoch=0-step=2.ckpt", "--print_config"])
     assert overrides == ["algo=grpo"] and flags == ["--ckpt_path", "runs/x/epoch=0-step=2.ckpt", "--print_config"]
+
+
+def test_a_stop_signal_of_an_earlier_command_does_not_reach_the_next(capsys):
+    """In one process (a notebook, a test run), a command that a signal stopped leaves no stop for the next."""
+    import signal
+
+    from lit_ppo.stop_requests import record_signal
+
+    record_signal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exit_info:  # --print_config's own exit, not "stopped by SIGTERM"
+        main(["fit", "--print_config"])
+    assert exit_info.value.code in (0, None)
+    assert "seed_everything: 0" in capsys.readouterr().out
