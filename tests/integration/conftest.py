@@ -33,7 +33,7 @@ def wait_for_text(path: Path, text: str, proc: subprocess.Popen, timeout: float 
             raise AssertionError(f"the job ended before {text!r}: {path.read_text()[-3000:] if path.exists() else ''}")
         time.sleep(0.1)
     proc.kill()
-    raise AssertionError(f"no {text!r} within {timeout} s")
+    raise AssertionError(f"no {text!r} within {timeout} s: {path.read_text()[-3000:] if path.exists() else ''}")
 
 
 def run_dir(cwd: Path) -> Path:

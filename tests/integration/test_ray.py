@@ -117,7 +117,7 @@ def test_two_cpu_workers_train_stop_on_sigterm_and_resume(tmp_path):
     try:
         job = subprocess.Popen([*command, "trainer.max_steps=40"], cwd=tmp_path, env=env, stdout=log.open("w"),
                                stderr=subprocess.STDOUT)
-        wait_for_text(log, "iteration 2/40", job)
+        wait_for_text(log, "iteration 2/40", job, timeout=900)  # a Ray cluster starts slowly on 2 busy cores
         job.send_signal(signal.SIGTERM)
         assert job.wait(timeout=240) == 143, log.read_text()[-3000:]
         first = log.read_text()
