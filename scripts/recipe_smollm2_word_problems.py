@@ -83,7 +83,7 @@ def greedy_answers(model_dir: Path, count: int = 4) -> list[dict]:
     from lit_ppo.tasks.word_problems import WordProblemsTask, last_number
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     rows = []
     for problem in list(WordProblemsTask().problems("test"))[:count]:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": problem.prompt}], add_generation_prompt=True,
