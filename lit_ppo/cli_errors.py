@@ -88,7 +88,8 @@ def explain_hydra_error(error: Exception, options_of) -> str:
     if missing:
         group, option = missing.groups()
         options = options_of(group)
-        return f"{group}={option} is invalid{did_you_mean(option, options, prefix=f'{group}=')}: must be one of {', '.join(options)}"
+        hint = did_you_mean(option, options, prefix=f"{group}=")
+        return f"{group}={option} is invalid{hint}: must be one of {', '.join(options)}"
     parse = re.match(r"Error parsing override '(.*)'", first)
     if parse:
         reason = text.splitlines()[1] if len(text.splitlines()) > 1 else ""

@@ -770,7 +770,9 @@ class LitPPO(L.LightningModule):
         datamodule = self.trainer.datamodule
         sums = self.trainer.strategy.reduce(self._eval_sums.to(self.device), reduce_op="sum").cpu()
         metrics = eval_metrics(sums, datamodule.eval.k)
-        if metrics and not stop_requested():  # an evaluation cut short by a stop scored part of the split  # float64 tensors: Lightning would store Python floats in float32
+        # Float64 tensors: Lightning would store Python floats in float32. An evaluation that a stop cut
+        # short scored only part of the split: no score.
+        if metrics and not stop_requested():
             self.log_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}, on_step=False,
                           on_epoch=True, sync_dist=False, batch_size=1)
         datamodule.engine.sleep()
