@@ -8,9 +8,13 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import MLFlowLogger
 
+from lit_ppo.errors import ConfigError
+from lit_ppo.models import base_model_paths
+from lit_ppo.models.hf_dir import relation, write_model_dir
+
 
 class ExportModel(L.Callback):
-    """On rank 0, when training ends, write the policy to ``<run dir>/model`` (``lit_ppo.export``)
+    """On rank 0, when training ends, write the policy to ``<run dir>/model`` (``lit_ppo.run.export``)
     and log that directory to every MLflow logger's run as the artifact directory ``model``.
     LitPPO adds one to every trainer that has none of its own (give ``ExportModel(dirpath=...)`` in
     the trainer's callbacks to write elsewhere).
@@ -32,8 +36,6 @@ class ExportModel(L.Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module) -> None:
         # The first hook where every checkpoint callback's directory is resolved; nothing is trained yet.
-        from lit_ppo.export import base_model_paths, relation
-
         output = self.output_dir(trainer)
         reads = {f"the checkpoint directory of {type(cb).__name__}": cb.dirpath
                  for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath}
@@ -47,8 +49,6 @@ class ExportModel(L.Callback):
 
     @staticmethod
     def _refuse(output: Path, how: str | None, what: str, path) -> None:
-        from lit_ppo.cli_errors import ConfigError
-
         if how is not None:
             raise ConfigError(f"ExportModel dirpath={output}: {how} {what} {path}, which the export at the end "
                               f"of fit would overwrite: give a directory apart from it")
@@ -57,8 +57,6 @@ class ExportModel(L.Callback):
         policy = pl_module.full_policy()  # every rank: sharded weights are gathered from all of them
         if not trainer.is_global_zero:
             return
-        from lit_ppo.export import write_model_dir
-
         was_training = policy.training
         path = write_model_dir(policy.eval(), pl_module.tokenizer, self.output_dir(trainer), overwrite=True,
                                flag="the export")

@@ -14,7 +14,7 @@ evaluation between iterations (``trainer.val_check_interval``) ends it after the
 scored, unlogged (a part of the test split is no score), and stops with no iteration after it; a second
 one abandons that batch. A signal after an iteration's end and before the next one starts is announced
 by what comes next: the evaluation it skips, or the iteration it lets finish. A failure recorded with
-``lit_ppo.stop_requests.fail_after_iteration`` stops at the boundary the same way.
+``lit_ppo.utils.stop_requests.fail_after_iteration`` stops at the boundary the same way.
 
 ``last.ckpt`` of the final iteration is written before the final evaluation, so an evaluation that
 fails loses no training; an error raised while a batch is generated or scored (a reward function that
@@ -31,8 +31,8 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lit_ppo.stop_requests import (SIGNALS, forget_stop_requests, received_signal, record_signal, signal_name,
-                                   stop_requested)
+from lit_ppo.utils.stop_requests import (SIGNALS, forget_stop_requests, received_signal, record_signal, signal_name,
+                                         stop_requested)
 
 
 class GracefulStop(L.Callback):
@@ -194,7 +194,7 @@ def stop_message(trainer: L.Trainer) -> str | None:
 
 def _file_identity(path: Path) -> tuple | None:
     """What tells one file at ``path`` from the next: checkpoints are written to a new file renamed onto
-    the path (lit_ppo.checkpoints), so a completed write changes it and a refused one does not."""
+    the path (lit_ppo.training.checkpoint_io), so a completed write changes it and a refused one does not."""
     try:
         stat = path.stat()
     except OSError:

@@ -1,8 +1,8 @@
 """Command-line entry: ``python -m lit_ppo fit algo=<preset> [overrides]`` (see lit_ppo.cli),
 ``python -m lit_ppo validate|test --ckpt_path CKPT`` (the test split's scores, see lit_ppo.cli),
-``python -m lit_ppo export --ckpt_path CKPT --output DIR`` (see lit_ppo.export),
-``python -m lit_ppo compare [--experiment NAME]`` (see lit_ppo.compare) and
-``python -m lit_ppo sweep algo=grpo,rloo seed=0,1`` (see lit_ppo.sweep)."""
+``python -m lit_ppo export --ckpt_path CKPT --output DIR`` (see lit_ppo.run.export),
+``python -m lit_ppo compare [--experiment NAME]`` (see lit_ppo.run.compare) and
+``python -m lit_ppo sweep algo=grpo,rloo seed=0,1`` (see lit_ppo.cli.sweep)."""
 
 import sys
 
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
-    from lit_ppo.stop_requests import Stopped, exit_code, exit_on_signals, forget_stop_requests, signal_name
+    from lit_ppo.utils.stop_requests import Stopped, exit_code, exit_on_signals, forget_stop_requests, signal_name
 
     forget_stop_requests()  # a request stops the command it arrived in, not a later one in this process
     with exit_on_signals():
@@ -42,22 +42,22 @@ STOPPED = {"export": ": nothing was exported (the output directory is as it was)
 
 def _dispatch(argv: list[str]) -> int:
     if argv[0] == "export":
-        from lit_ppo.export import main as export_main
+        from lit_ppo.cli.export import main as export_main
 
         return export_main(argv[1:])
     if argv[0] == "compare":
-        from lit_ppo.compare import main as compare_main
+        from lit_ppo.cli.compare import main as compare_main
 
         return compare_main(argv[1:])
     if argv[0] == "sweep":
-        from lit_ppo.sweep import main as sweep_main
+        from lit_ppo.cli.sweep import main as sweep_main
 
         return sweep_main(argv[1:])
     if argv[0] not in ("fit", "validate", "test"):
         print(f"error: unknown subcommand {argv[0]!r}: must be one of {', '.join(map(repr, SUBCOMMANDS))}",
               file=sys.stderr)
         return 2
-    from lit_ppo.cli import run
+    from lit_ppo.cli.fit import run
 
     return run(argv)
 

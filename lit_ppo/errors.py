@@ -1,4 +1,13 @@
-"""The exception of a run that stops for a reason it can name."""
+"""The exceptions a run reports as one line: a configuration mistake (exit code 2) and a run that stops
+for a reason it can name (exit code 1)."""
+
+
+class ConfigError(ValueError):
+    """A configuration mistake, reported as one line (exit code 2)."""
+
+
+class TrackingError(ConfigError):
+    """The tracking store cannot be used; reported as one line (exit code 2) before any model loads."""
 
 
 class RunStopped(RuntimeError):

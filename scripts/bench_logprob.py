@@ -26,7 +26,7 @@ import sys
 CHILD = r"""
 import ctypes, gc, json, sys, time
 import torch
-from lit_ppo.models import _SampledTokenLogprobs
+from lit_ppo.models.loading import _SampledTokenLogprobs
 
 path, (tokens, hidden, vocab, chunk, entropy, repeats, threads), out = sys.argv[1], map(int, sys.argv[2:-1]), sys.argv[-1]
 torch.set_num_threads(threads)
@@ -115,7 +115,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     args = parser.parse_args()
     if args.chunk_size is None:
-        from lit_ppo.module import ModelConfig
+        from lit_ppo.config import ModelConfig
 
         args.chunk_size = ModelConfig().logprob_chunk_size
     tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else (

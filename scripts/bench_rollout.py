@@ -24,9 +24,9 @@ import time
 
 import torch
 
-from lit_ppo.cli import compose
+from lit_ppo.cli.fit import compose
 from lit_ppo.config import GenerationConfig
-from lit_ppo.data import RolloutDataModule
+from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.models import load_causal_lm
 from lit_ppo.rollout.engine import SamplingParams
 from lit_ppo.rollout.hf_engine import HFEngine

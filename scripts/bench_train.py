@@ -36,7 +36,7 @@ class Timer(L.Callback):
     def on_train_batch_end(self, *a):
         times.append(time.perf_counter() - self.t)
 
-import lit_ppo.module as m
+import lit_ppo.training.module as m
 original = m.LitPPO.configure_callbacks
 m.LitPPO.configure_callbacks = lambda self: original(self) + [Timer()]
 code = main(["fit", *sys.argv[1:]])

@@ -262,7 +262,7 @@ def prepare_model(name: str, cache: Path) -> Path:
     """``cache/<name>-<recipe>``: the model's Hugging Face directory, built on first use."""
     import torch
 
-    from lit_ppo.models import TinyModelConfig, build_tiny, load_causal_lm, save_checkpoint, use_chat_template
+    from lit_ppo.models import TinyModelConfig, build_tiny, load_causal_lm, write_hf_files, use_chat_template
 
     fields, _ = MODELS[name]
     if fields is None:
@@ -278,7 +278,7 @@ def prepare_model(name: str, cache: Path) -> Path:
     use_chat_template(tokenizer)  # both sides template prompts with what the directory holds
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=cache))
     try:
-        save_checkpoint(model, tokenizer, tmp)
+        write_hf_files(model, tokenizer, tmp)
         tmp.rename(final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -52,7 +52,7 @@ def no_model_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the config error was reported")
 
-    monkeypatch.setattr("lit_ppo.module.load_causal_lm", refuse)
+    monkeypatch.setattr("lit_ppo.training.module.load_causal_lm", refuse)
 
 
 @pytest.fixture(scope="session")

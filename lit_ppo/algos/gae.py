@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from lit_ppo.algos.registry import Registry
+from lit_ppo.utils.registry import Registry
 
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
 register_advantage_estimator = ADVANTAGE_ESTIMATORS.register

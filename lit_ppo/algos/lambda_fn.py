@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from lit_ppo.user_code import import_object
+from lit_ppo.utils.imports import import_object
 
 
 @dataclass

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from lit_ppo.algos.registry import Registry
 from lit_ppo.algos.rejection import rejection_sampling
+from lit_ppo.utils.registry import Registry
 
 if TYPE_CHECKING:
     from lit_ppo.config import PPOActorConfig

@@ -5,7 +5,7 @@ parameters (or, in the synchronous loop, where sampling and training take turns,
 policy itself: ``share_weights``). It decodes a batch of left-padded prompts step by step with the
 model's KV cache, prefilling each prompt once for all its samples and dropping every sequence from
 the batch as soon as it stops.
-Each step samples from ``lit_ppo.sampling.sampling_logits`` (allowed tokens, temperature, top-k,
+Each step samples from ``lit_ppo.models.sampling.sampling_logits`` (allowed tokens, temperature, top-k,
 top-p) and records the log-prob of the sampled token under exactly that distribution: the
 trainer's recompute with ``sampling_logprobs`` gives the same number.
 
@@ -28,9 +28,9 @@ from typing import Iterable
 
 import torch
 
-from lit_ppo.models import DTYPES
+from lit_ppo.config import DTYPES
+from lit_ppo.models.sampling import allowed_mask, sampling_logits
 from lit_ppo.rollout.engine import Completion, SamplingParams
-from lit_ppo.sampling import allowed_mask, sampling_logits
 
 
 class HFEngine:

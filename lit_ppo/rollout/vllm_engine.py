@@ -28,7 +28,7 @@ from typing import Iterable, Iterator
 import torch
 
 from lit_ppo.errors import RunStopped
-from lit_ppo.models import save_checkpoint
+from lit_ppo.models import write_hf_files
 from lit_ppo.rollout.engine import Completion, SamplingParams
 
 FALLBACK = "use rollout=hf (the transformers engine) instead"
@@ -129,7 +129,7 @@ class VLLMEngine:
         self._sleeps = on_gpu
         self._asleep = False
         self._dir = tempfile.mkdtemp(prefix="lit_ppo_vllm_")
-        save_checkpoint(model, tokenizer, self._dir)
+        write_hf_files(model, tokenizer, self._dir)
         if max_model_len is None:
             max_model_len = getattr(model.config, "max_position_embeddings", None)
         if kv_cache_gib is None and not on_gpu:

@@ -5,9 +5,9 @@ Train job, see lit_ppo.schedulers.ray)."""
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any
+from typing import Any, Callable
 
-from lit_ppo.cli_errors import ConfigError
+from lit_ppo.errors import ConfigError
 from lit_ppo.schedulers import ray, slurm
 from lit_ppo.schedulers.ray import RayConfig
 from lit_ppo.schedulers.slurm import SlurmConfig
@@ -53,6 +53,10 @@ def job_trainer(cfg: JobConfig, trainer: dict) -> dict:
     return (ray if isinstance(cfg, RayConfig) else slurm).job_trainer(cfg, trainer)
 
 
-def submit(cfg: JobConfig, overrides: list[str], flags: list[str], tree: dict) -> int:
-    """Start the job of the validated fit ``tree``; the exit code."""
-    return (ray if isinstance(cfg, RayConfig) else slurm).submit(cfg, overrides, flags, tree)
+def submit(cfg: JobConfig, overrides: list[str], flags: list[str], tree: dict,
+           worker_fit: Callable[[dict], None]) -> int:
+    """Start the job of the validated fit ``tree``; the exit code. A Ray job's workers each run
+    ``worker_fit(job)``; a Slurm job's ranks run ``python -m lit_ppo fit`` with the same arguments."""
+    if isinstance(cfg, RayConfig):
+        return ray.submit(cfg, overrides, flags, tree, worker_fit)
+    return slurm.submit(cfg, overrides, flags, tree)

@@ -11,7 +11,7 @@ processes. Each worker is one rank with one device (``trainer.devices=1``), so t
 ``num_workers``; each has its own rollout engine, as every rank has under DDP.
 
 - The run directory reaches the workers as ``LIT_PPO_JOB_RUN_DIR``: rank 0 takes it
-  (lit_ppo.tracking.start), the other ranks receive it by broadcast at setup (TrackedConfig). Rank 0
+  (lit_ppo.run.tracking.start), the other ranks receive it by broadcast at setup (TrackedConfig). Rank 0
   alone writes the config, checkpoints' run record and the one MLflow run, as under any launcher.
   Ray Train's own bookkeeping goes to ``<run dir>/ray``.
 - The workers work in the driver's directory, so relative paths (``runs/``, ``sqlite:///mlflow.db``,
@@ -37,11 +37,13 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from lit_ppo.cli_errors import ConfigError, flag_value
 from lit_ppo.config import check_fields
-from lit_ppo.tracking import JOB_RUN_DIR_ENV, RUN_DIR_ENV, new_run_dir
+from lit_ppo.errors import ConfigError
+from lit_ppo.run.resume import recorded_run
+from lit_ppo.run.tracking import JOB_RUN_DIR_ENV, RUN_DIR_ENV, new_run_dir
+from lit_ppo.utils.flags import flag_value
 
 STRATEGIES = ("auto", "ddp")
 """trainer.strategy values a Ray job runs (as RayDDPStrategy); FSDP is not supported here yet."""
@@ -111,8 +113,10 @@ def job_trainer(cfg: RayConfig, trainer: dict) -> dict:
             "strategy": "ddp"}
 
 
-def submit(cfg: RayConfig, overrides: list[str], flags: list[str], tree: dict) -> int:
-    """Run the fit of ``tree`` (with LightningCLI ``flags``) as a Ray Train job; the exit code."""
+def submit(cfg: RayConfig, overrides: list[str], flags: list[str], tree: dict,
+           worker_fit: Callable[[dict], None]) -> int:
+    """Run the fit of ``tree`` (with LightningCLI ``flags``) as a Ray Train job whose workers each run
+    ``worker_fit(job)`` (the CLI's, pickled by its module path); the exit code."""
     tree["trainer"].update(job_trainer(cfg, tree["trainer"]))
     try:
         import ray
@@ -121,7 +125,7 @@ def submit(cfg: RayConfig, overrides: list[str], flags: list[str], tree: dict) -
                           "requirements.txt (ray[train])") from None
     _connect(ray, cfg.address)
     try:
-        return _run_job(ray, cfg, tree, flags)
+        return _run_job(ray, cfg, tree, flags, worker_fit)
     finally:
         ray.shutdown()  # a local cluster stops with it; on an existing one the job's actors end
 
@@ -145,12 +149,9 @@ def _connect(ray: Any, address: str | None) -> None:
         raise ConfigError(f"scheduler.address={address}: {str(e).splitlines()[0]}") from None
 
 
-def _run_job(ray: Any, cfg: RayConfig, tree: dict, flags: list[str]) -> int:
+def _run_job(ray: Any, cfg: RayConfig, tree: dict, flags: list[str], worker_fit: Callable[[dict], None]) -> int:
     from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchTrainer
-
-    from lit_ppo.checkpoints import recorded_run
-    from lit_ppo.schedulers.ray_worker import fit_on_worker
 
     env = {k: v for k, v in os.environ.items() if k.startswith(("MLFLOW_", "LIT_PPO_")) and k != RUN_DIR_ENV}
     resumed = (recorded_run(flag_value(flags, "--ckpt_path")) or {}).get("dir")
@@ -165,7 +166,7 @@ def _run_job(ray: Any, cfg: RayConfig, tree: dict, flags: list[str]) -> int:
     stop = ray.remote(num_cpus=0)(StopRequest).remote()
     job = {"tree": tree, "flags": flags, "cwd": os.getcwd(), "env": env, "stop": stop}
     trainer = TorchTrainer(
-        fit_on_worker, train_loop_config=job,
+        worker_fit, train_loop_config=job,
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=bool(cfg.gpus_per_worker),
                                      resources_per_worker=cfg.resources_per_worker),
         # A failed rank fails the job: a restart would be a resume, which is the user's --ckpt_path.

@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 
-from lit_ppo.algos.registry import Registry
 from lit_ppo.tasks.arithmetic import ArithmeticTask
 from lit_ppo.tasks.base import Problem, Task
 from lit_ppo.tasks.calculator import CalculatorTask
@@ -13,7 +12,8 @@ from lit_ppo.tasks.dataset import DatasetTask
 from lit_ppo.tasks.gsm8k import GSM8KTask
 from lit_ppo.tasks.reasoning_gym import ReasoningGymTask
 from lit_ppo.tasks.word_problems import WordProblemsTask
-from lit_ppo.user_code import describe, import_object
+from lit_ppo.utils.imports import describe, import_object
+from lit_ppo.utils.registry import Registry
 from lit_ppo.utils.text import did_you_mean
 
 TASKS: Registry = Registry("task")
@@ -47,6 +47,10 @@ def _check_kwargs(ctor, kwargs: dict, name: str) -> None:
             hint = did_you_mean(key, allowed, prefix="data.task_kwargs.")
             raise ValueError(f"data.task_kwargs.{key} is not a key of task {name!r}{hint}; "
                              f"allowed: {', '.join(allowed)}")
+
+
+DEFAULT_TASK = "arithmetic"
+"""The task of a run that names none (``data.task``)."""
 
 
 def build_task(name: str, **kwargs) -> Task:
@@ -106,4 +110,4 @@ def check_problems(task: Task, name: str) -> Task:
 
 
 __all__ = ["TASKS", "ArithmeticTask", "CalculatorTask", "DatasetTask", "GSM8KTask", "Problem", "ReasoningGymTask",
-           "Task", "build_task", "check_problems", "gsm_symbolic"]
+           "DEFAULT_TASK", "Task", "build_task", "check_problems", "gsm_symbolic"]

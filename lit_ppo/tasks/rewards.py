@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 from lit_ppo.errors import RunStopped
 from lit_ppo.tasks.base import reward_float, reward_problem
 from lit_ppo.tasks.gsm8k import math_equal
-from lit_ppo.user_code import import_object
+from lit_ppo.utils.imports import import_object
 
 DEFAULT_FORMAT_PATTERN = r"\\boxed\{.+\}"
 """The ``format`` reward's default: a \\boxed{...} answer somewhere in the completion."""

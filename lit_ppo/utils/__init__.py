@@ -1,1 +1,3 @@
-"""Helpers with no lit_ppo imports, used by every layer above."""
+"""Layer 0, helpers used by every layer above: text for one-line errors, registries, importing user code,
+atomic files, command-line flags, stop signals, quiet dependency logs. Imports nothing of lit_ppo but
+``lit_ppo.errors``."""

@@ -1,4 +1,4 @@
-"""Text for one-line errors: the names closest to a mistyped one."""
+"""Text for one-line errors: the names closest to a mistyped one, the first line of an exception."""
 
 from __future__ import annotations
 
@@ -27,3 +27,15 @@ def did_you_mean(name: str, allowed: Iterable[str], prefix: str = "") -> str:
 def one_of(names: list[str]) -> str:
     """``a``, ``a or b``, ``a, b or c``."""
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def first_line(error: BaseException) -> str:
+    """The first non-blank line of ``error``'s message, or its type's name."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def first_sentence(error: BaseException) -> str:
+    """The first sentence of the first line of ``error``'s message, without its full stop."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return text.split(". ", 1)[0].rstrip(".")

@@ -11,7 +11,7 @@ import sys
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from lit_ppo.checkpoints import AtomicCheckpointIO
+from lit_ppo.training.checkpoint_io import AtomicCheckpointIO
 
 FIRST = {"state_dict": {"w": torch.arange(1000, dtype=torch.float32)}, "step": 1}
 """The good checkpoint that must survive the kill."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-import lit_ppo.cli as cli_module
+import lit_ppo.cli.fit as cli_module
 from lit_ppo.__main__ import main
 from tests.integration.conftest import run_cli
 
@@ -61,7 +61,7 @@ def test_config_errors_are_one_line(capsys, args, expected):
 
 
 def test_the_trainer_temperature_follows_the_sampler():
-    from lit_ppo.cli import compose
+    from lit_ppo.cli.fit import compose
 
     tree = compose(["gconfig.temperature=0.7"])
     assert tree["model"]["actor"]["temperature"] == tree["data"]["gconfig"]["temperature"] == 0.7
@@ -82,7 +82,7 @@ def test_yaml_plus_overrides_is_refused(capsys, tmp_path):
 
 
 def test_fields_the_presets_do_not_set_need_no_plus():
-    from lit_ppo.cli import compose
+    from lit_ppo.cli.fit import compose
 
     tree = compose(["algo=grpo", "actor.eps_clip_higher=0.28", "+actor.use_sapo_loss=true", "data.dynamic_bs=true"])
     assert tree["model"]["actor"]["eps_clip_higher"] == 0.28 and tree["model"]["actor"]["use_sapo_loss"] is True
@@ -187,14 +187,14 @@ def test_config_file_that_is_missing_or_a_directory(capsys, tmp_path):
 
 
 def test_a_value_with_spaces_quoted_as_one_argument_is_accepted():
-    from lit_ppo.cli import compose
+    from lit_ppo.cli.fit import compose
 
     tree = compose(["data.system_prompt=You are a patient tutor"])
     assert tree["data"]["system_prompt"] == "You are a patient tutor"
 
 
 def test_flag_values_may_contain_equals_signs():
-    from lit_ppo.cli_errors import split_arguments
+    from lit_ppo.utils.flags import split_arguments
 
     overrides, flags = split_arguments(["algo=grpo", "--ckpt_path", "runs/x/epoch=0-step=2.ckpt", "--print_config"])
     assert overrides == ["algo=grpo"] and flags == ["--ckpt_path", "runs/x/epoch=0-step=2.ckpt", "--print_config"]
@@ -204,7 +204,7 @@ def test_a_stop_signal_of_an_earlier_command_does_not_reach_the_next(capsys):
     """In one process (a notebook, a test run), a command that a signal stopped leaves no stop for the next."""
     import signal
 
-    from lit_ppo.stop_requests import record_signal
+    from lit_ppo.utils.stop_requests import record_signal
 
     record_signal(signal.SIGTERM)
     with pytest.raises(SystemExit) as exit_info:  # --print_config's own exit, not "stopped by SIGTERM"

@@ -21,8 +21,9 @@ import torch
 import yaml
 from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 
-from lit_ppo.checkpoints import (DIGEST_KEY, RECORD_KEY, AtomicCheckpointIO, check_resume, check_resume_args,
-                                 ckpt_path_arg, install_checkpoint_io, scan)
+from lit_ppo.training.checkpoint_io import DIGEST_KEY, AtomicCheckpointIO, install_checkpoint_io, scan
+from lit_ppo.training.record import RECORD_KEY
+from lit_ppo.run.resume import check_resume, check_resume_args, ckpt_path_arg
 
 KILL_WRITER = Path(__file__).with_name("kill_writer.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -48,7 +49,7 @@ def run_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkpoints")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LIT_PPO_CACHE", str(root / "cache"))
-        from lit_ppo.cli import run
+        from lit_ppo.cli.fit import run
 
         assert run(["fit", *ARGS, "trainer.max_steps=1", f"trainer.default_root_dir={root / 'run'}"]) == 0
         yield root
@@ -63,7 +64,7 @@ def good(run_dir) -> Path:
 @pytest.fixture(scope="module")
 def tree():
     """LightningCLI's tree of the run that made ``good``."""
-    from lit_ppo.cli import compose
+    from lit_ppo.cli.fit import compose
 
     return compose(ARGS + ["trainer.max_steps=1"])
 
@@ -199,8 +200,9 @@ def test_written_checkpoint_has_its_digest_and_the_usual_mode(tmp_path):
 def test_a_users_trainer_gets_the_atomic_writer_and_never_saves_nan(run_dir, tmp_path):
     """LitPPO installs the writer in a user's own L.Trainer; NaN weights never reach the checkpoint."""
     from lit_ppo.config import GenerationConfig, PPOActorConfig
-    from lit_ppo.data import RolloutDataModule
-    from lit_ppo.module import LitPPO, ModelConfig
+    from lit_ppo.training.datamodule import RolloutDataModule
+    from lit_ppo.training.module import LitPPO
+    from lit_ppo.config import ModelConfig
 
     module = LitPPO(ModelConfig(cache_dir=str(run_dir / "cache")), PPOActorConfig(kl_ctl=0.0), algo="grpo")
     data = RolloutDataModule(batch_size=2, gconfig=GenerationConfig(n_samples=2, max_new_tokens=2,
@@ -353,8 +355,8 @@ def test_ckpt_path_is_found_in_flags_and_config():
 @pytest.mark.slow
 def test_cli_refuses_before_a_model_loads_and_resumes_a_good_checkpoint(good, tree, run_dir, tmp_path, monkeypatch,
                                                                          capsys):
-    from lit_ppo import module
-    from lit_ppo.cli import run
+    from lit_ppo.training import module
+    from lit_ppo.cli.fit import run
 
     monkeypatch.setenv("LIT_PPO_CACHE", str(run_dir / "cache"))
     truncated = tmp_path / "truncated.ckpt"

@@ -12,10 +12,10 @@ import pytest
 
 import lit_ppo.config
 from lit_ppo.__main__ import main
-from lit_ppo.cli import ROLLOUT_KEYS, compose, validate
-from lit_ppo.cli_errors import ConfigError
-from lit_ppo.data import RolloutDataModule
-from lit_ppo.module import ModelConfig
+from lit_ppo.cli.fit import ROLLOUT_KEYS, compose, check_config
+from lit_ppo.errors import ConfigError
+from lit_ppo.training.datamodule import RolloutDataModule
+from lit_ppo.config import ModelConfig
 from lit_ppo.schedulers import SCHEDULERS
 from tests.integration.conftest import FAST, run_cli
 
@@ -26,7 +26,7 @@ SECTIONS = {"NormConfig": "", "RejectionSamplingConfig": "rejection_sampling.", 
             "ModelConfig": "model.", "SlurmConfig": "scheduler.", "RayConfig": "scheduler."}
 """Config dataclass -> the prefix its own errors give a field (the CLI adds ``actor.`` to the actor's)."""
 CONFIGS = sorted({cls for _, cls in inspect.getmembers(lit_ppo.config, dataclasses.is_dataclass)
-                  if cls.__module__ == "lit_ppo.config"} | {ModelConfig} | {c for c in SCHEDULERS.values() if c},
+                  if cls.__module__.startswith("lit_ppo.config.")} | {ModelConfig} | {c for c in SCHEDULERS.values() if c},
                  key=lambda cls: cls.__name__)
 """Every config dataclass: those of lit_ppo.config (a new one is picked up), the model's and the schedulers'."""
 
@@ -158,6 +158,6 @@ def test_every_data_argument_refuses_a_wrong_type():
         value = wrong_value(hints[name])
         tree["data"][name] = value
         with pytest.raises(ConfigError) as error:
-            validate(tree)
+            check_config(tree)
         key = f"rollout.{name}" if name in ROLLOUT_KEYS else f"data.{name}"
         assert str(error.value).startswith(f"{key}={value!r} is invalid: must be "), str(error.value)

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lit_ppo.checkpoints import AtomicCheckpointIO
+from lit_ppo.training.checkpoint_io import AtomicCheckpointIO
 from tests.faults.filesystems import limit_file_size, mounted_tmpfs, read_only_directory
 from tests.integration.conftest import FAST, run_cli, run_dir
 
@@ -52,12 +52,12 @@ def export_here(trained, monkeypatch, capfd):
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Make loading a model fail: what is refused here is refused before any model loads."""
-    import lit_ppo.models
+    import lit_ppo.run.export
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(lit_ppo.models, "load_causal_lm", refuse)
+    monkeypatch.setattr(lit_ppo.run.export, "load_causal_lm", refuse)
 
 
 def files(root: Path) -> dict[str, str]:
@@ -155,16 +155,16 @@ def test_export_refuses_to_write_over_a_local_base_model(trained, tmp_path, expo
 # directory and before that is published, so that the kill lands in the middle of the export.
 HELD_EXPORT = """
 import sys
-import lit_ppo.models as models
+import lit_ppo.models.hf_dir as hf_dir
 
-write = models.save_checkpoint
+write = hf_dir.write_hf_files
 
 def write_and_hold(model, tokenizer, path):
     write(model, tokenizer, path)
     print("written", path, flush=True)
     sys.stdin.readline()
 
-models.save_checkpoint = write_and_hold
+hf_dir.write_hf_files = write_and_hold
 from lit_ppo.__main__ import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -270,7 +270,7 @@ def test_fit_refuses_an_end_export_over_the_runs_own_files_when_it_starts(tmp_pa
     from lightning.pytorch.demos.boring_classes import BoringModel
 
     from lit_ppo.callbacks.export import ExportModel
-    from lit_ppo.cli_errors import ConfigError
+    from lit_ppo.errors import ConfigError
 
     monkeypatch.chdir(tmp_path)
     root = tmp_path / ("run/config" if place == "run/config" else "run")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_ppo.checkpoints import read_checkpoint
+from lit_ppo.training.checkpoint_io import read_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
@@ -213,7 +213,7 @@ sys.exit(main(sys.argv[1:]))
 """
 WEIGHT_PUSH = "lit_ppo.callbacks.weight_sync:WeightSync:on_train_batch_end"  # before the boundary's decision
 PERIODIC_CHECKPOINT = "lightning.pytorch.callbacks:ModelCheckpoint:on_train_batch_end"  # after it
-EVALUATION_BATCH = "lit_ppo.module:LitPPO:validation_step"
+EVALUATION_BATCH = "lit_ppo.training.module:LitPPO:validation_step"
 EVALUATION = "trainer.val_check_interval=3"  # an evaluation after iteration 3
 
 

@@ -16,10 +16,11 @@ import torch
 
 from lit_ppo.__main__ import main
 from lit_ppo.config import GenerationConfig, NormConfig, PPOActorConfig
-from lit_ppo.data import RolloutDataModule
+from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.models import build_tiny_tokenizer
 from lit_ppo.errors import RunStopped
-from lit_ppo.module import LitPPO, ModelConfig
+from lit_ppo.training.module import LitPPO
+from lit_ppo.config import ModelConfig
 from lit_ppo.rollout.engine import SamplingParams
 from lit_ppo.rollout.workflows import MultiTurnWorkflow, SingleTurnWorkflow, checked_reward, reward_problem
 from lit_ppo.tasks.base import Problem

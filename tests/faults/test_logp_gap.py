@@ -8,10 +8,11 @@ import warnings
 import pytest
 import torch
 
-from lit_ppo.cli import compose
+from lit_ppo.cli.fit import compose
 from lit_ppo.config import GenerationConfig, NormConfig, PPOActorConfig, RejectionSamplingConfig
-from lit_ppo.data import RolloutDataModule
-from lit_ppo.module import LitPPO, ModelConfig, _LogpGapCheck
+from lit_ppo.training.datamodule import RolloutDataModule
+from lit_ppo.training.module import LitPPO, _LogpGapCheck
+from lit_ppo.config import ModelConfig
 from lit_ppo.rollout.hf_engine import HFEngine
 
 from ..integration.conftest import FAST, REPO, run_cli

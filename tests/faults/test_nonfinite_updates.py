@@ -11,8 +11,9 @@ import torch
 
 from lit_ppo.algos.losses import POLICY_LOSSES, ppo_clip_surrogate
 from lit_ppo.config import GenerationConfig, NormConfig, PPOActorConfig, PPOCriticConfig
-from lit_ppo.data import RolloutDataModule
-from lit_ppo.module import LitPPO, ModelConfig
+from lit_ppo.training.datamodule import RolloutDataModule
+from lit_ppo.training.module import LitPPO
+from lit_ppo.config import ModelConfig
 
 GROUP = NormConfig(mean_level="group", std_level="group")
 

@@ -10,11 +10,12 @@ import pytest
 import torch
 import yaml
 
-import lit_ppo.cli as cli_module
+import lit_ppo.cli.fit as cli_module
 from lit_ppo.__main__ import main
-from lit_ppo.cli import compose, evaluation_tree
-from lit_ppo.cli_errors import ConfigError
-from lit_ppo.tracking import CONFIG_STATE_KEY, config_params
+from lit_ppo.cli.fit import compose, evaluation_tree
+from lit_ppo.errors import ConfigError
+from lit_ppo.run.resume import CONFIG_STATE_KEY
+from lit_ppo.run.tracking import config_params
 from tests.integration.conftest import FAST, run_cli
 
 pytestmark = pytest.mark.usefixtures("no_model_loading")
@@ -105,7 +106,7 @@ def test_names_that_cannot_work_are_refused_naming_the_one_to_use(capsys, args, 
 
 
 def test_suggestions_never_repeat_the_key():
-    from lit_ppo.cli import _suggest
+    from lit_ppo.cli.fit import _suggest
 
     assert _suggest("model.model.lora_rank") == "" and _suggest("actor.eps_clip") == ""
     assert _suggest("model.model.lora_rnk") == " (did you mean model.model.lora_rank?)"
@@ -224,7 +225,7 @@ def test_evaluating_a_checkpoint_refuses_model_overrides(capsys, checkpoint, sub
 
 def test_a_checkpoint_without_a_recorded_config_refuses_them_too(capsys, tmp_path):
     """A lit_ppo checkpoint whose config is not in it (the overrides then compose fit's presets)."""
-    from lit_ppo.checkpoints import RECORD_KEY, expected_record
+    from lit_ppo.training.record import RECORD_KEY, expected_record
 
     path = tmp_path / "own.ckpt"
     torch.save({RECORD_KEY: expected_record(compose(FAST))}, path)

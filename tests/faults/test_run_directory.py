@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lit_ppo.run_lock import lock_run_dir
-from lit_ppo.tracking import new_run_dir
+from lit_ppo.run.lock import lock_run_dir
+from lit_ppo.run.tracking import new_run_dir
 from tests.integration.conftest import run_cli
 
 TINY = ["logger=none", "data.batch_size=2", "gconfig.n_samples=2", "eval.max_problems=4",

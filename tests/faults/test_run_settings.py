@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from lit_ppo.__main__ import main
-from lit_ppo.cli import compose, validate
-from lit_ppo.tracking import new_run_dir
+from lit_ppo.cli.fit import compose, check_config
+from lit_ppo.run.tracking import new_run_dir
 from tests.integration.conftest import run_cli
 
 pytestmark = pytest.mark.usefixtures("no_model_loading")
@@ -40,7 +40,7 @@ def test_seeds_outside_numpys_range_are_refused(capsys, args, expected):
 
 
 def test_the_largest_seed_is_accepted():
-    validate(compose(["logger=none", "seed=4294967295"]))
+    check_config(compose(["logger=none", "seed=4294967295"]))
 
 
 def test_a_run_name_too_long_for_its_directory_is_refused(capsys, tmp_path, monkeypatch):
@@ -54,7 +54,7 @@ def test_a_run_name_too_long_for_its_directory_is_refused(capsys, tmp_path, monk
 def test_the_longest_run_name_makes_its_directories(tmp_path):
     """236 characters: the run directory and its collision's ``-99`` fit this filesystem's file names."""
     tree = compose([f"logger.init_args.run_name={'r' * 236}", f"trainer.default_root_dir={tmp_path}"])
-    validate(tree)
+    check_config(tree)
     first = new_run_dir(tree)
     assert first.parent == tmp_path / "lit_ppo" and len(first.name) == 236 + len("-YYYYmmdd-HHMMSS")
     (first.parent / (first.name + "-99")).mkdir()
@@ -110,7 +110,7 @@ def test_an_in_memory_tracking_store_is_refused(capsys, tmp_path, monkeypatch, u
 
 
 def test_slurm_log_paths_with_spaces_are_quoted(tmp_path, monkeypatch, capsys):
-    import lit_ppo.cli as cli_module
+    import lit_ppo.cli.fit as cli_module
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(cli_module, "LitPPOCLI", None)  # nothing is instantiated

@@ -17,10 +17,10 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from lit_ppo.cli import compose
-from lit_ppo.checkpoints import RECORD_KEY, RUN_KEY
-from lit_ppo.mlflow_store import prepare_store
-from lit_ppo.tracking import _continued_run, create_run_dir, run_name
+from lit_ppo.cli.fit import compose
+from lit_ppo.training.record import RECORD_KEY, RUN_KEY
+from lit_ppo.run.mlflow_store import prepare_store
+from lit_ppo.run.tracking import _continued_run, create_run_dir, run_name
 from tests.integration.conftest import REPO, run_cli
 
 # One RL iteration of the tiny model on the smallest batch: the cost is start-up, not training.
@@ -221,7 +221,7 @@ def resumed_config(tmp_path: Path, run: dict, uri: str) -> SimpleNamespace:
 
     ckpt = tmp_path / "last.ckpt"
     torch.save({RECORD_KEY: {"algo": "grpo", RUN_KEY: run}}, ckpt)
-    logger = {"class_path": "lit_ppo.tracking.MLflowRunLogger",
+    logger = {"class_path": "lit_ppo.run.tracking.MLflowRunLogger",
               "init_args": {"tracking_uri": uri, "experiment_name": "lit_ppo", "run_id": None}}
     return SimpleNamespace(ckpt_path=str(ckpt), trainer=SimpleNamespace(logger=logger))
 

@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import pytest
 
 from lit_ppo.__main__ import main
-from lit_ppo.cli_errors import ConfigError
+from lit_ppo.errors import ConfigError
 from lit_ppo.config import GenerationConfig
-from lit_ppo.data import RolloutDataModule
-from lit_ppo.models import build_tiny, build_tiny_tokenizer, save_checkpoint
+from lit_ppo.training.datamodule import RolloutDataModule
+from lit_ppo.models import build_tiny, build_tiny_tokenizer, write_hf_files
 from tests.faults.test_bad_input import error_of
 from tests.integration.conftest import run_cli
 
@@ -224,7 +224,7 @@ def test_every_kind_of_bad_allowed_tokens(ids, expected):
 def model_dir(tmp_path_factory) -> Path:
     """The tiny model saved as a local Hugging Face directory."""
     root = tmp_path_factory.mktemp("model")
-    save_checkpoint(*build_tiny(cache_dir=root / "cache"), root / "tiny-dir")
+    write_hf_files(*build_tiny(cache_dir=root / "cache"), root / "tiny-dir")
     return root / "tiny-dir"
 
 

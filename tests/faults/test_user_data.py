@@ -13,11 +13,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lit_ppo.checkpoints import DIGEST_KEY, RECORD_KEY, check_resume, scan
-from lit_ppo.cli import compose
-from lit_ppo.cli_errors import ConfigError
+from lit_ppo.training.checkpoint_io import DIGEST_KEY, scan
+from lit_ppo.training.record import RECORD_KEY
+from lit_ppo.run.resume import check_resume
+from lit_ppo.cli.fit import compose
+from lit_ppo.errors import ConfigError
 from lit_ppo.config import GenerationConfig
-from lit_ppo.data import RolloutDataModule
+from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.errors import RunStopped
 from lit_ppo.models import TinyModelConfig, build_tiny_tokenizer
 from lit_ppo.tasks import ArithmeticTask, CalculatorTask

@@ -113,7 +113,7 @@ def test_compare_prints_the_experiment_and_draws_the_metric(swept, monkeypatch, 
 
 @pytest.mark.slow
 def test_compare_runs_selects_exactly_those_runs(swept, monkeypatch, capsys, tmp_path):
-    from lit_ppo.compare import main
+    from lit_ppo.run.compare import main
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", swept.uri)
     chosen = swept.runs[:1]  # one of the two
@@ -133,7 +133,7 @@ def test_compare_runs_selects_exactly_those_runs(swept, monkeypatch, capsys, tmp
     (["--experiment", "grid", "--output", "out.svg"], "--output out.svg: must be a .png file"),
 ])
 def test_compare_bad_input_is_one_line(swept, monkeypatch, capsys, tmp_path, args, message):
-    from lit_ppo.compare import main
+    from lit_ppo.run.compare import main
 
     if swept.client.get_experiment_by_name("empty") is None:
         swept.client.create_experiment("empty")
@@ -154,7 +154,7 @@ def test_compare_bad_input_is_one_line(swept, monkeypatch, capsys, tmp_path, arg
     ("http://127.0.0.1:9", "MLflow tracking server http://127.0.0.1:9 is unreachable"),
 ])
 def test_compare_without_a_store_is_one_line(monkeypatch, capsys, tmp_path, uri, message):
-    from lit_ppo.compare import main
+    from lit_ppo.run.compare import main
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri.format(tmp=tmp_path))
     monkeypatch.chdir(tmp_path)
@@ -176,7 +176,7 @@ def test_compare_without_a_store_is_one_line(monkeypatch, capsys, tmp_path, uri,
     ([], "nothing to sweep"),
 ])
 def test_sweep_bad_grid_fails_before_anything_runs(monkeypatch, capsys, tmp_path, args, message):
-    import lit_ppo.sweep as sweep
+    import lit_ppo.cli.sweep as sweep
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sweep, "run_fit", lambda *a: pytest.fail("a fit started"))
@@ -189,7 +189,7 @@ def test_sweep_bad_grid_fails_before_anything_runs(monkeypatch, capsys, tmp_path
 def test_sweep_runs_the_grid_in_order(monkeypatch, capsys, tmp_path):
     """Every combination of a 2 x 2 grid, in BasicSweeper's order (the last key varies fastest), each fit
     given its values and the fixed overrides, all into the one experiment."""
-    import lit_ppo.sweep as sweep
+    import lit_ppo.cli.sweep as sweep
 
     started = []
 
@@ -208,7 +208,7 @@ def test_sweep_runs_the_grid_in_order(monkeypatch, capsys, tmp_path):
 
 
 def test_sweep_runs_the_rest_after_a_failure_and_exits_1_naming_it(monkeypatch, capsys, tmp_path):
-    import lit_ppo.sweep as sweep
+    import lit_ppo.cli.sweep as sweep
 
     started = []
 
@@ -227,7 +227,7 @@ def test_sweep_runs_the_rest_after_a_failure_and_exits_1_naming_it(monkeypatch, 
 def test_sweep_starts_no_fit_after_a_stop_signal(monkeypatch, capsys, tmp_path):
     import os
 
-    import lit_ppo.sweep as sweep
+    import lit_ppo.cli.sweep as sweep
 
     started = []
 

@@ -46,7 +46,7 @@ def _logits(model_dir: Path) -> torch.Tensor:
 
 
 def test_export_loads_in_transformers_with_the_checkpoint_weights(trained, tmp_path, monkeypatch):
-    from lit_ppo.module import LitPPO
+    from lit_ppo.training.module import LitPPO
 
     output = tmp_path / "exported"
     result = _export(trained, output)

@@ -59,7 +59,7 @@ def test_export_writes_the_merged_model_and_the_adapter(trained, tmp_path, monke
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from lit_ppo.export import policy_of_checkpoint
+    from lit_ppo.run.export import policy_of_checkpoint
     from lit_ppo.models import TinyModelConfig, build_tiny
 
     ckpt = trained / "checkpoints" / "last.ckpt"

@@ -46,7 +46,7 @@ def test_bad_multi_turn_settings_fail_before_any_model_loads(capsys, monkeypatch
     def refuse(*a, **k):
         raise AssertionError("a model was loaded before the config error was reported")
 
-    monkeypatch.setattr("lit_ppo.module.load_causal_lm", refuse)
+    monkeypatch.setattr("lit_ppo.training.module.load_causal_lm", refuse)
     code = main(["fit", "data=calculator", *args])
     err = capsys.readouterr().err.strip()
     assert code == 2, err

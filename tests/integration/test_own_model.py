@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_ppo.models import PLAIN_CHAT_TEMPLATE, TINY_CHAT_TEMPLATE, build_tiny, save_checkpoint, use_chat_template
+from lit_ppo.models import PLAIN_CHAT_TEMPLATE, TINY_CHAT_TEMPLATE, build_tiny, write_hf_files, use_chat_template
 from tests.faults.test_bad_input import error_of
 from tests.integration.conftest import run_cli, run_dir
 
@@ -18,7 +18,7 @@ def _tiny_dir(root: Path) -> Path:
     """A local model directory: the tiny model, its tokenizer stripped of the chat template."""
     model, tokenizer = build_tiny(cache_dir=root / "cache")
     tokenizer.chat_template = None
-    save_checkpoint(model, tokenizer, root / "my-model")
+    write_hf_files(model, tokenizer, root / "my-model")
     return root / "my-model"
 
 
@@ -36,7 +36,7 @@ def test_fit_on_a_local_model_dir_without_chat_template(tmp_path):
 
 
 def test_model_dir_is_model_source(tmp_path, monkeypatch):
-    from lit_ppo.cli import compose
+    from lit_ppo.cli.fit import compose
 
     model_dir = _tiny_dir(tmp_path)
     monkeypatch.chdir(tmp_path)

@@ -11,7 +11,7 @@ import shlex
 import pytest
 import yaml
 
-from lit_ppo.cli import conf_dir, group_options, validate
+from lit_ppo.cli.fit import conf_dir, group_options, check_config
 
 from ..conftest import with_smollm2
 from .conftest import REPO, run_cli
@@ -42,7 +42,7 @@ def test_every_group_option_prints_a_config_that_validates(override, capsys):
     assert exit_info.value.code in (0, None), err
     printed = yaml.safe_load(out)
     assert set(printed) >= {"model", "data", "trainer"}
-    validate({k: printed[k] for k in ("model", "data", "trainer")})  # what --config replays is valid
+    check_config({k: printed[k] for k in ("model", "data", "trainer")})  # what --config replays is valid
 
 
 def readme_commands() -> list[str]:
@@ -113,7 +113,7 @@ def _env(work) -> dict:
 def _model_and_engine(args: list[str]) -> tuple[str | None, str | None]:
     """The model source and rollout engine a command's config composes to (a recipe sets both), or
     None for a command that composes none (``--config``, export)."""
-    from lit_ppo.cli import compose
+    from lit_ppo.cli.fit import compose
 
     if args[0] != "fit" or "--config" in args:
         return None, None

@@ -8,9 +8,9 @@ import time
 import pytest
 import torch
 
-from lit_ppo import models
+from lit_ppo.models import loading
 from lit_ppo.models import load_causal_lm, token_logprobs
-from lit_ppo.sampling import sampling_logprobs
+from lit_ppo.models.sampling import sampling_logprobs
 
 
 @pytest.mark.slow
@@ -25,7 +25,7 @@ def test_smollm2_converts_once_and_generates(smollm2_cache, monkeypatch):
     def no_conversion(_out):
         raise AssertionError("converted again although the cache entry exists")
 
-    monkeypatch.setattr(models, "_convert_smollm2", no_conversion)
+    monkeypatch.setattr(loading, "_convert_smollm2", no_conversion)
     start = time.perf_counter()
     model, tok = load_causal_lm("smollm2", cache)
     loaded = time.perf_counter() - start

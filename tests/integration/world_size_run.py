@@ -15,9 +15,10 @@ import lightning as L
 import torch
 
 from lit_ppo.config import EvalConfig, GenerationConfig, PPOActorConfig
-from lit_ppo.data import RolloutDataModule
-from lit_ppo.fsdp import FSDP2Strategy, full_tensor
-from lit_ppo.module import LitPPO, ModelConfig
+from lit_ppo.training.datamodule import RolloutDataModule
+from lit_ppo.training.fsdp import FSDP2Strategy, full_tensor
+from lit_ppo.training.module import LitPPO
+from lit_ppo.config import ModelConfig
 from lit_ppo.rollout.batch import RolloutBatch
 
 

@@ -1,4 +1,4 @@
-"""``lit_ppo.attention``: attention in float32 under CPU autocast, transformers' sdpa otherwise; the
+"""``lit_ppo.models.attention``: attention in float32 under CPU autocast, transformers' sdpa otherwise; the
 models lit_ppo loads use it, packing still holds, and the HF engine samples what the trainer computes."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from lit_ppo.attention import NAME, float32_on_cpu_attention, use_float32_attention_on_cpu
+from lit_ppo.models.attention import NAME, float32_on_cpu_attention, use_float32_attention_on_cpu
 from lit_ppo.models import load_causal_lm
-from lit_ppo.packing import packed_hidden_states, packing_supported, padded_hidden_states
+from lit_ppo.models.packing import packed_hidden_states, packing_supported, padded_hidden_states
 from lit_ppo.rollout.engine import SamplingParams
 from lit_ppo.rollout.hf_engine import HFEngine
 

@@ -13,14 +13,18 @@ import warnings
 import pytest
 import torch
 
-from lit_ppo.algos import (
-    ADVANTAGE_ESTIMATORS,
-    POLICY_LOSSES,
-    policy_loss,
-    register_advantage_estimator,
-    register_policy_loss,
-)
+from lit_ppo.algos import (ADVANTAGE_ESTIMATORS, POLICY_LOSSES, policy_loss, register_advantage_estimator,
+                           register_policy_loss)
+from lit_ppo.algos.checks import check_names
 from lit_ppo.config import NormConfig, PPOActorConfig, PPOCriticConfig, RejectionSamplingConfig
+
+
+def checked_actor(**kwargs) -> PPOActorConfig:
+    """PPOActorConfig(**kwargs) whose registered names and gae_lambda function are resolved, as the CLI
+    and LitPPO do."""
+    cfg = PPOActorConfig(**kwargs)
+    check_names(cfg)
+    return cfg
 
 
 def _raises(cls, fields, *, contains=(), **kwargs):
@@ -339,7 +343,15 @@ def test_actor_enum_fields_valid(field, val):
     ],
 )
 def test_actor_gae_lambda_invalid(bad):
-    _raises(PPOActorConfig, "gae_lambda", gae_lambda=bad)
+    # A number out of range or of the wrong type fails the config; a path that does not import fails
+    # where names are resolved (check_names), before any model loads.
+    _raises(checked_actor, "gae_lambda", gae_lambda=bad)
+
+
+def test_a_config_with_an_unknown_name_builds_and_check_names_refuses_it():
+    cfg = PPOActorConfig(policy_loss="no_such_loss", adv_estimator="no_such_est", gae_lambda="math.no_such_fn")
+    with pytest.raises(ValueError, match="policy_loss='no_such_loss' is invalid"):
+        check_names(cfg)
 
 
 @pytest.mark.parametrize("good", [0.0, 1.0, 0.95, 0, 1, "lit_ppo.algos.lambda_fn.vapo_length_adaptive_gae"])
@@ -365,11 +377,11 @@ def test_actor_temperature_positive(t):
 
 
 def test_actor_unknown_policy_loss():
-    _raises(PPOActorConfig, "policy_loss", contains=("no_such_loss", "ppo", "sapo"), policy_loss="no_such_loss")
+    _raises(checked_actor, "policy_loss", contains=("no_such_loss", "ppo", "sapo"), policy_loss="no_such_loss")
 
 
 def test_actor_unknown_adv_estimator():
-    _raises(PPOActorConfig, "adv_estimator", contains=("no_such_est", "gae"), adv_estimator="no_such_est")
+    _raises(checked_actor, "adv_estimator", contains=("no_such_est", "gae"), adv_estimator="no_such_est")
 
 
 def test_actor_unknown_loss_agg_mode():
@@ -509,7 +521,7 @@ def test_registry_unknown_name_lists_registered():
 def test_register_policy_loss_selectable_and_used():
     name = "test_only_triple_reinforce"
     with pytest.raises(ValueError):
-        PPOActorConfig(policy_loss=name)
+        checked_actor(policy_loss=name)
     seen = {}
 
     @register_policy_loss(name)
@@ -520,7 +532,7 @@ def test_register_policy_loss_selectable_and_used():
 
     try:
         assert POLICY_LOSSES.get(name) is triple
-        cfg = PPOActorConfig(policy_loss=name)
+        cfg = checked_actor(policy_loss=name)
         assert cfg.policy_loss == name and cfg.use_sapo_loss is False
         # r = [2, 1, e^.5 (masked)], A = [1, -1, 2]; N = 2
         # loss = -3 (1*2 + (-1)*1) / 2 = -1.5 ; grad = -3 A r / N = [-3, 1.5, 0]
@@ -538,7 +550,7 @@ def test_register_policy_loss_selectable_and_used():
     with pytest.raises(ValueError):
         POLICY_LOSSES.get(name)
     with pytest.raises(ValueError):
-        PPOActorConfig(policy_loss=name)
+        checked_actor(policy_loss=name)
 
 
 def test_register_advantage_estimator_selectable():
@@ -550,8 +562,8 @@ def test_register_advantage_estimator_selectable():
 
     try:
         assert ADVANTAGE_ESTIMATORS.get(name) is est
-        assert PPOActorConfig(adv_estimator=name).adv_estimator == name
+        assert checked_actor(adv_estimator=name).adv_estimator == name
     finally:
         _unregister(ADVANTAGE_ESTIMATORS, name)
     with pytest.raises(ValueError):
-        PPOActorConfig(adv_estimator=name)
+        checked_actor(adv_estimator=name)

@@ -17,7 +17,7 @@ from lit_ppo.rollout.workflows import SingleTurnWorkflow, checked_reward
 from lit_ppo.tasks import DatasetTask, build_task
 from lit_ppo.tasks.base import Columns, Problem, Task
 from lit_ppo.tasks.rewards import completion_text, exact_match, format_reward, math_verify
-from lit_ppo.user_code import ensure_cwd_importable
+from lit_ppo.utils.imports import ensure_cwd_importable
 
 ROWS = [{"prompt": f"{i}+{i}=", "answer": str(2 * i), "level": i % 3, "source": f"s{i}"} for i in range(10)]
 CALLS: list[dict] = []

@@ -10,9 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from lit_ppo.checkpoints import (
-    DIGEST_KEY, DISTRIBUTED_META, SHARDS_KEY, distributed_checkpoint_problem, file_sha256, first_non_finite,
-    read_checkpoint, remove_stale_directories, replace_directory, temporary_directory, write_meta)
+from lit_ppo.training.checkpoint_io import (DIGEST_KEY, DISTRIBUTED_META, SHARDS_KEY, distributed_checkpoint_problem, first_non_finite, read_checkpoint, write_meta)
+from lit_ppo.utils.fs import file_sha256, remove_stale_directories, replace_directory, temporary_directory
 
 
 def write_distributed(path, weight: torch.Tensor, step: int = 3) -> None:

@@ -1,4 +1,4 @@
-"""Evaluation scores (lit_ppo.evaluation): pass@k, mean@k, accuracy, greedy decoding, by hand."""
+"""Evaluation scores (lit_ppo.rollout.evaluation): pass@k, mean@k, accuracy, greedy decoding, by hand."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from lit_ppo.config import EvalConfig
-from lit_ppo.evaluation import SUMS, Evaluation, eval_metrics, greedy
+from lit_ppo.rollout.evaluation import SUMS, Evaluation, eval_metrics, greedy
 from lit_ppo.rollout.engine import SamplingParams
-from lit_ppo.sampling import sampling_logits
+from lit_ppo.models.sampling import sampling_logits
 
 
 class ScriptedWorkflow:

@@ -2,7 +2,7 @@
 
 The core guarantee: the behaviour log-prob the engine reports for each sampled token equals an
 independent recompute, one full forward over the unpadded prompt + completion followed by
-``lit_ppo.sampling.sampling_logprobs`` with the same temperature, top-k, top-p and allowed tokens.
+``lit_ppo.models.sampling.sampling_logprobs`` with the same temperature, top-k, top-p and allowed tokens.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from lit_ppo.rollout.engine import RolloutEngine, SamplingParams
 from lit_ppo.rollout.hf_engine import HFEngine, _inverse_cdf
-from lit_ppo.sampling import allowed_mask, sampling_logits, sampling_logprobs
+from lit_ppo.models.sampling import allowed_mask, sampling_logits, sampling_logprobs
 
 SPECIALS = ["<pad>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>"]
 CHARS = string.digits + string.ascii_lowercase + " +-*=?.:"
@@ -345,7 +345,7 @@ def test_the_synchronous_loop_shares_the_policys_weights_and_other_loops_copy_th
 
     import lightning as L
 
-    from lit_ppo.data import RolloutDataModule
+    from lit_ppo.training.datamodule import RolloutDataModule
 
     tok = tiny_tokenizer()
     policy = tiny_model(len(tok))

@@ -1,4 +1,4 @@
-"""LoRA (lit_ppo.lora): merged weights, frozen base, base model as reference, adapter export, and the
+"""LoRA (lit_ppo.models.lora): merged weights, frozen base, base model as reference, adapter export, and the
 engines sampling exactly the trainer's LoRA policy after a weight push."""
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ import re
 import pytest
 import torch
 
-from lit_ppo.lora import (adapted_layers, adapters_disabled, add_lora, lora_config, merged_model, merged_weights,
+from lit_ppo.models.lora import (adapted_layers, adapters_disabled, add_lora, lora_config, merged_model, merged_weights,
                           save_adapter, trainable_parameters)
 from lit_ppo.models import TinyModelConfig, build_tiny, token_logprobs
-from lit_ppo.module import LitPPO, ModelConfig
+from lit_ppo.training.module import LitPPO
+from lit_ppo.config import ModelConfig
 from lit_ppo.rollout.engine import SamplingParams
 
 IDS = torch.tensor([[2, 6, 7, 10, 8, 1, 3, 9, 12, 1], [2, 11, 10, 6, 8, 1, 3, 7, 1, 0]])
@@ -21,6 +22,11 @@ MASK = torch.tensor([[1] * 10, [1] * 9 + [0]], dtype=torch.bool)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+def adapters(rank: int, targets, dropout: float = 0.0):
+    """peft's LoraConfig of rank ``rank`` on ``targets``, alpha 8."""
+    return lora_config(ModelConfig(lora_rank=rank, lora_alpha=8.0, lora_dropout=dropout, lora_target_modules=targets))
+
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +49,7 @@ def randomize_adapters_(model, seed: int = 0) -> None:
 
 
 def lora_tiny(tiny, targets="all-linear", rank: int = 4):
-    model = add_lora(copy.deepcopy(tiny[0]), lora_config(rank, 8.0, 0.0, targets))
+    model = add_lora(copy.deepcopy(tiny[0]), adapters(rank, targets))
     randomize_adapters_(model)
     return model
 
@@ -133,7 +139,7 @@ def test_bad_lora_settings_fail_in_one_line(field, value, allowed):
 ])
 def test_targets_that_cannot_be_trained_fail_in_one_line(tiny, targets, message):
     with pytest.raises(ValueError, match=message) as error:
-        add_lora(copy.deepcopy(tiny[0]), lora_config(4, 8.0, 0.0, targets))
+        add_lora(copy.deepcopy(tiny[0]), adapters(4, targets))
     assert "\n" not in str(error.value)
 
 
@@ -191,4 +197,4 @@ def test_an_adapter_on_a_tied_lm_head_fails_in_one_line(tiny):
     tied = type(tiny[0])(config)
     assert tied.lm_head.weight is tied.model.embed_tokens.weight
     with pytest.raises(ValueError, match=r"adapts lm_head, whose weight is tied to another layer's"):
-        add_lora(tied, lora_config(4, 8.0, 0.0, ["lm_head"]))
+        add_lora(tied, adapters(4, ["lm_head"]))

@@ -2,7 +2,7 @@
 under the sampling distribution, critic and reference (docs/algorithms.md#data-layout).
 
 Expected log-probs come from the naive path: the model's full ``[B, T, V]`` logits, shifted by hand,
-through ``lit_ppo.sampling`` (the engines' distribution). Entropies are recomputed in float64.
+through ``lit_ppo.models.sampling`` (the engines' distribution). Entropies are recomputed in float64.
 """
 
 from __future__ import annotations
@@ -10,18 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_ppo import models
-from lit_ppo.models import (
-    TinyModelConfig,
-    ValueModel,
-    build_critic,
-    build_reference,
-    build_tiny,
-    load_causal_lm,
-    save_checkpoint,
-    token_logprobs,
-)
-from lit_ppo.sampling import allowed_mask, sampling_logits, sampling_logprobs
+from lit_ppo.models import loading
+from lit_ppo.models import (TinyModelConfig, ValueModel, build_critic, build_reference, build_tiny, load_causal_lm,
+                            write_hf_files, token_logprobs)
+from lit_ppo.models.sampling import allowed_mask, sampling_logits, sampling_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +120,7 @@ def test_tiny_cache_is_reused(tmp_path, monkeypatch):
     def no_rebuild(_cfg):
         raise AssertionError("rebuilt although the cache entry exists")
 
-    monkeypatch.setattr(models, "_build_tiny_fresh", no_rebuild)
+    monkeypatch.setattr(loading, "_build_tiny_fresh", no_rebuild)
     again, _ = build_tiny(cfg, tmp_path)
     assert _same_weights(model, again)
     assert (entry / "model.safetensors").stat().st_mtime_ns == stamp
@@ -140,17 +132,17 @@ def test_tiny_cache_is_reused(tmp_path, monkeypatch):
 
 def test_killed_build_leaves_no_cache_entry(tmp_path, monkeypatch):
     cfg = TinyModelConfig()
-    real_save = models.save_checkpoint
+    real_save = loading.write_hf_files
 
     def dies_while_writing(model, tokenizer, path):
         (path / "model.safetensors").write_bytes(b"half")
         raise ZeroDivisionError
 
-    monkeypatch.setattr(models, "save_checkpoint", dies_while_writing)
+    monkeypatch.setattr(loading, "write_hf_files", dies_while_writing)
     with pytest.raises(ZeroDivisionError):
         build_tiny(cfg, tmp_path)
     assert list(tmp_path.iterdir()) == []  # neither an entry nor the temporary directory
-    monkeypatch.setattr(models, "save_checkpoint", real_save)
+    monkeypatch.setattr(loading, "write_hf_files", real_save)
     model, _ = build_tiny(cfg, tmp_path)
     assert (tmp_path / cfg.cache_name() / "model.safetensors").stat().st_size > 1000
 
@@ -161,7 +153,7 @@ def test_cache_lost_race_uses_the_published_entry(tmp_path):
         (tmp.parent / "entry").mkdir()
         (tmp.parent / "entry" / "theirs").write_text("theirs")
 
-    path = models._cached(tmp_path, "entry", other_process_wins)
+    path = loading._cached(tmp_path, "entry", other_process_wins)
     assert path == tmp_path / "entry" and sorted(p.name for p in path.iterdir()) == ["theirs"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["entry"]
 
@@ -174,7 +166,7 @@ def test_save_checkpoint_stores_tied_weights_once(tmp_path):
     torch.manual_seed(0)
     tied = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                         num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=True))
-    save_checkpoint(tied, tok, tmp_path / "tied")
+    write_hf_files(tied, tok, tmp_path / "tied")
     with safe_open(tmp_path / "tied" / "model.safetensors", "pt") as f:
         assert "model.embed_tokens.weight" in f.keys() and "lm_head.weight" not in f.keys()
     loaded, loaded_tok = load_causal_lm(str(tmp_path / "tied"))
@@ -200,9 +192,9 @@ def test_load_causal_lm_sources(tmp_path, monkeypatch):
 
 def test_default_cache_dir(monkeypatch):
     monkeypatch.setenv("LIT_PPO_CACHE", "/x/y")
-    assert str(models.default_cache_dir()) == "/x/y"
+    assert str(loading.default_cache_dir()) == "/x/y"
     monkeypatch.delenv("LIT_PPO_CACHE")
-    assert models.default_cache_dir().parts[-2:] == (".cache", "lit_ppo")
+    assert loading.default_cache_dir().parts[-2:] == (".cache", "lit_ppo")
 
 
 # --------------------------------------------------------------------------------------------
@@ -385,7 +377,7 @@ def test_recomputed_head_gradients_equal_the_full_logits_gradients(params, loss)
     labels = torch.randint(0, 50, (37,), generator=g)
     w_logp, w_ent = torch.randn(37, generator=g), torch.randn(37, generator=g)
     results = []
-    for compute in (_head_logprobs, lambda *a: models._SampledTokenLogprobs.apply(*a, 8, loss != "logp")):
+    for compute in (_head_logprobs, lambda *a: loading._SampledTokenLogprobs.apply(*a, 8, loss != "logp")):
         h.grad = weight.grad = bias.grad = None
         logp, entropy = compute(h, weight, bias, labels, params)
         finite = torch.isfinite(logp)
@@ -461,7 +453,7 @@ def test_no_tensor_of_all_positions_by_vocabulary_is_ever_allocated(tiny, batch)
                     LargestOutput.largest = max(LargestOutput.largest, t.numel() // V)
             return out
 
-    labelled = int(models._label_positions(batch[1]).sum())
+    labelled = int(loading._label_positions(batch[1]).sum())
     assert labelled > 8
     with LargestOutput():
         logp, entropy = token_logprobs(model, *batch, chunk_size=4, with_entropy=True)
@@ -485,7 +477,7 @@ def test_bf16_autocast_head_matches_the_autocast_naive_path():
     labels = torch.randint(0, 64, (40,), generator=g)
     params = dict(temperature=0.9, top_k=0, top_p=1.0, allowed=None)
     results = []
-    for compute in (_head_logprobs, lambda *a: models._SampledTokenLogprobs.apply(*a, 16, True)):
+    for compute in (_head_logprobs, lambda *a: loading._SampledTokenLogprobs.apply(*a, 16, True)):
         h.grad = weight.grad = None
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logp, entropy = compute(h, weight, None, labels, params)

@@ -18,16 +18,10 @@ from lit_ppo.algos import compute_advantages, validate_turn_ids
 from lit_ppo.algos.advantages import last_generated_index
 from lit_ppo.algos.lambda_fn import GaeLambdaContext
 from lit_ppo.config import GenerationConfig, PPOActorConfig
-from lit_ppo.data import RolloutDataModule
+from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.models import TINY_CHAT_TEMPLATE, build_tiny_tokenizer
 from lit_ppo.rollout.engine import Completion, SamplingParams
-from lit_ppo.rollout.workflows import (
-    Environment,
-    MultiTurnTask,
-    MultiTurnWorkflow,
-    SingleTurnWorkflow,
-    turn_seed,
-)
+from lit_ppo.rollout.workflows import Environment, MultiTurnTask, MultiTurnWorkflow, SingleTurnWorkflow, turn_seed
 from lit_ppo.tasks import ArithmeticTask, CalculatorTask
 from lit_ppo.tasks.base import Problem
 from tests.unit.fakes import FakeEngineBase

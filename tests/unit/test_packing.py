@@ -1,4 +1,4 @@
-"""Unit tests for ``lit_ppo.packing``: first-fit-decreasing bins, the packed layout (position ids
+"""Unit tests for ``lit_ppo.models.packing``: first-fit-decreasing bins, the packed layout (position ids
 restarting per row), and packed forwards equal to padded ones (hidden states, log-probs, critic
 values and their gradients) on the tiny model and small random Llamas with sdpa and eager attention,
 under LoRA and gradient checkpointing; no pad token is computed; bodies that do not honour packed
@@ -12,10 +12,12 @@ import warnings
 import pytest
 import torch
 
-from lit_ppo import packing
-from lit_ppo.lora import add_lora, lora_config
-from lit_ppo.models import TinyModelConfig, _hidden_states, build_critic, build_tiny, token_logprobs
-from lit_ppo.packing import (first_fit_decreasing, packed_hidden_states, packing_supported, padded_hidden_states,
+from lit_ppo.models import packing
+from lit_ppo.config import ModelConfig
+from lit_ppo.models.lora import add_lora, lora_config
+from lit_ppo.models import TinyModelConfig, build_critic, build_tiny, token_logprobs
+from lit_ppo.models.loading import _hidden_states
+from lit_ppo.models.packing import (first_fit_decreasing, packed_hidden_states, packing_supported, padded_hidden_states,
                              plan_packing)
 
 T = 10
@@ -27,6 +29,11 @@ BINS = [[0], [1, 3, 2], [6, 5], [4]]
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+def adapters(rank: int, targets, dropout: float = 0.0):
+    """peft's LoraConfig of rank ``rank`` on ``targets``, alpha 8."""
+    return lora_config(ModelConfig(lora_rank=rank, lora_alpha=8.0, lora_dropout=dropout, lora_target_modules=targets))
+
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +258,7 @@ def test_lora_and_gradient_checkpointing_packed_equal_padded(tiny, monkeypatch):
     ids, mask = _batch(tiny.config.vocab_size)
     results = []
     for packed in (True, False):
-        model = add_lora(copy.deepcopy(tiny), lora_config(4, 8.0, 0.0, "all-linear")).train()
+        model = add_lora(copy.deepcopy(tiny), adapters(4, "all-linear")).train()
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             for name, p in model.named_parameters():
@@ -279,7 +286,7 @@ def test_lora_and_gradient_checkpointing_packed_equal_padded(tiny, monkeypatch):
 def test_probe_runs_once_in_eval_mode_and_restores_modes(tiny):
     """With LoRA dropout the train-mode forward is random: the probe runs in eval mode, once per body
     and attention implementation, and leaves every module's mode as it found it."""
-    model = add_lora(copy.deepcopy(tiny), lora_config(4, 8.0, 0.5, "all-linear")).train()
+    model = add_lora(copy.deepcopy(tiny), adapters(4, "all-linear", dropout=0.5)).train()
     model.base_model.layers[0].eval()  # a mixed state, restored as it was
     modes = {name: m.training for name, m in model.named_modules()}
     results = []

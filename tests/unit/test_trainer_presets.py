@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_ppo.cli import compose
+from lit_ppo.cli.fit import compose
 
-FSDP_STRATEGY = {"class_path": "lit_ppo.fsdp.FSDP2Strategy"}
+FSDP_STRATEGY = {"class_path": "lit_ppo.training.fsdp.FSDP2Strategy"}
 
 
 def trainer_of(option: str) -> dict:

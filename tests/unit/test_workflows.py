@@ -12,7 +12,7 @@ import torch
 from lit_ppo.rollout.engine import Completion, SamplingParams
 from lit_ppo.rollout.hf_engine import HFEngine
 from lit_ppo.rollout.workflows import Episode, SingleTurnWorkflow, episodes_to_batch
-from lit_ppo.sampling import allowed_mask, sampling_logprobs
+from lit_ppo.models.sampling import allowed_mask, sampling_logprobs
 from lit_ppo.tasks.base import Problem
 from tests.unit.fakes import FakeEngineBase
 # one_thread is an autouse fixture: importing it applies it to this module too.

@@ -13,9 +13,9 @@ import yaml
 from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
 
 from lit_ppo.callbacks.graceful_stop import stop_message
-from lit_ppo.stop_requests import record_signal
-from lit_ppo.cli import EXPECTED_WARNINGS, LitPPOCLI
-from lit_ppo.console import quiet_dependencies
+from lit_ppo.cli.fit import EXPECTED_WARNINGS, LitPPOCLI
+from lit_ppo.utils.quiet import quiet_dependencies
+from lit_ppo.utils.stop_requests import record_signal
 
 
 class DriverStop(L.Callback):

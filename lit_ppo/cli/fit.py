@@ -12,36 +12,36 @@ from __future__ import annotations
 import inspect
 import re
 import sys
-import typing
 import tempfile
+import typing
 from dataclasses import fields, is_dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI
 
-from lit_ppo.cli_errors import (ConfigError, check_trainer, explain_hydra_error, explain_parser_error, flag_value,
-                                read_config_file, split_arguments)
-from lit_ppo.checkpoints import check_resume_args, recorded_config
-from lit_ppo.config import (ROLLOUT_KEYS, EvalConfig, GenerationConfig, PPOActorConfig, PPOCriticConfig, check_value,
-                            type_hints, typed_key)
-from lit_ppo.console import quiet_dependencies
-from lit_ppo.data import RolloutDataModule
-from lit_ppo.errors import RunStopped
+from lit_ppo import schedulers
+from lit_ppo.cli.explain import check_trainer, explain_hydra_error, explain_parser_error, read_config_file
+from lit_ppo.cli.user_exit import user_exit_message
+from lit_ppo.algos.checks import check_names
+from lit_ppo.config import (ROLLOUT_KEYS, EvalConfig, GenerationConfig, ModelConfig, PPOActorConfig, PPOCriticConfig,
+                            check_value, type_hints, typed_key)
+from lit_ppo.errors import ConfigError, RunStopped
 from lit_ppo.models import MODEL_SOURCES, model_dir_problem
-from lit_ppo.module import LitPPO, ModelConfig
 from lit_ppo.rollout.producer import decoupled_loss_problem
 from lit_ppo.rollout.workflows import task_name
-from lit_ppo import schedulers
+from lit_ppo.run.resume import check_resume_args, recorded_config
+from lit_ppo.run.tracking import RUN_DIR_ENV, TrackedConfig, end_started_runs, run_name, start, start_mlflow_runs
 from lit_ppo.schedulers import scheduler_config
-from lit_ppo.stop_requests import Stopped, exit_code, pending_failure, received_signal, signal_name
-from lit_ppo.tracking import RUN_DIR_ENV, TrackedConfig, end_started_runs, run_name, start, start_mlflow_runs
-from lit_ppo.user_exit import user_exit_message
+from lit_ppo.training.datamodule import RolloutDataModule
+from lit_ppo.training.module import LitPPO
+from lit_ppo.utils.flags import flag_value, split_arguments
+from lit_ppo.utils.quiet import quiet_dependencies
+from lit_ppo.utils.stop_requests import Stopped, exit_code, pending_failure, received_signal, signal_name
 from lit_ppo.utils.text import closest, did_you_mean, one_of
-
 
 # Hydra root key -> path in LightningCLI's tree.
 HYDRA_TO_LIGHTNING = {
@@ -63,7 +63,7 @@ SEED_RANGE = (0, 2**32 - 1)
 NAME_MAX = 255
 """Bytes in one file name: the run directory's, ``<run name>-YYYYmmdd-HHMMSS`` (``-N`` on a collision)."""
 EVALUATING = ("validate", "test")
-"""Subcommands that score the test split of a trained (or the untrained) model (lit_ppo.evaluation)."""
+"""Subcommands that score the test split of a trained (or the untrained) model (lit_ppo.rollout.evaluation)."""
 
 
 def _print_error(message: str) -> None:
@@ -327,18 +327,24 @@ def to_lightning_tree(hydra_tree: dict) -> dict:
 # validation (both front ends): one line naming the key and what is allowed
 # ---------------------------------------------------------------------------------------------
 
-def _construct(cls, values: Any, key: str):
-    if values is None or is_dataclass(values):
-        return values
-    if not isinstance(values, dict):
-        raise ConfigError(f"{key} must be a mapping of {cls.__name__} fields, got {values!r}")
-    names = {f.name for f in fields(cls)}
-    for name in values:
-        if name not in names:
-            hint = did_you_mean(name, sorted(names), prefix=f"{key}.")
-            raise ConfigError(f"{key}.{name} is not a key{hint}; allowed: {', '.join(sorted(names))}")
+def _construct(cls, values: Any, key: str, check: Callable[[Any], None] | None = None):
+    """The config ``cls`` of the section ``key`` from its mapping (or as given), passed through ``check``;
+    a ConfigError naming ``key.<field>`` for any mistake."""
+    if values is None:
+        return None
+    if not is_dataclass(values):
+        if not isinstance(values, dict):
+            raise ConfigError(f"{key} must be a mapping of {cls.__name__} fields, got {values!r}")
+        names = {f.name for f in fields(cls)}
+        for name in values:
+            if name not in names:
+                hint = did_you_mean(name, sorted(names), prefix=f"{key}.")
+                raise ConfigError(f"{key}.{name} is not a key{hint}; allowed: {', '.join(sorted(names))}")
     try:
-        return cls(**values)
+        config = values if is_dataclass(values) else cls(**values)
+        if check is not None:
+            check(config)
+        return config
     except (ValueError, TypeError) as e:
         message = str(e).splitlines()[0]
         named = re.match(r"([A-Za-z_][\w.]*)(=| is not a key)", message)  # a key of the section, or nested
@@ -380,7 +386,7 @@ def _check_run_names(trainer: dict) -> None:
                               f"of at most {NAME_MAX} bytes")
 
 
-def validate(tree: dict, subcommand: str = "fit") -> None:
+def check_config(tree: dict, subcommand: str = "fit") -> None:
     """Check a LightningCLI tree for ``subcommand`` before anything is instantiated (no model is loaded)."""
     if "seed_everything" in tree:
         _check_seed("seed", tree["seed_everything"])
@@ -388,7 +394,7 @@ def validate(tree: dict, subcommand: str = "fit") -> None:
     for name in model:
         if name not in ("model", "actor", "critic", "algo"):
             raise ConfigError(f"model.{name} is not a key; allowed: algo, actor, critic, model")
-    actor = _construct(PPOActorConfig, model.get("actor") or {}, "actor")
+    actor = _construct(PPOActorConfig, model.get("actor") or {}, "actor", check_names)
     _construct(PPOCriticConfig, model.get("critic"), "critic")
     model_cfg = _construct(ModelConfig, model.get("model") or {}, "model")
     if model_cfg is not None and model_cfg.source not in MODEL_SOURCES:
@@ -631,6 +637,14 @@ def evaluation_tree(subcommand: str, ckpt_path: str, overrides: list[str]) -> di
     return tree
 
 
+def _fit_on_ray_worker(job: dict) -> None:
+    """A ``scheduler=ray`` worker's rank of the fit (``lit_ppo.cli.ray_worker``, which imports Ray: only
+    Ray's workers load it)."""
+    from lit_ppo.cli.ray_worker import fit_on_worker
+
+    fit_on_worker(job)
+
+
 def run(argv: list[str]) -> int:
     """``fit``, ``validate`` or ``test`` with Hydra overrides and/or LightningCLI flags; returns the
     exit code."""
@@ -647,7 +661,7 @@ def run(argv: list[str]) -> int:
             if overrides:
                 raise ConfigError("give either Hydra overrides (key=value) or --config run.yaml, not both")
             loaded = read_config_file(config_file)
-            validate({k: v for k, v in loaded.items() if k in ("model", "data", "trainer", "seed_everything")},
+            check_config({k: v for k, v in loaded.items() if k in ("model", "data", "trainer", "seed_everything")},
                      subcommand)
             check_resume_args(flags, loaded, error=ConfigError)
             args = [subcommand] + flags
@@ -661,7 +675,7 @@ def run(argv: list[str]) -> int:
                 tree, scheduler = compose_run(overrides)
                 if scheduler is not None:
                     schedulers.check_trainer(scheduler, tree["trainer"])
-            validate(tree, subcommand)
+            check_config(tree, subcommand)
             if not from_checkpoint:
                 check_resume_args(flags, tree, error=ConfigError)
             if scheduler is not None:
@@ -669,7 +683,7 @@ def run(argv: list[str]) -> int:
                     raise ConfigError(f"scheduler={schedulers.scheduler_name(scheduler)} submits fit only: "
                                       f"run {subcommand} here (scheduler=local)")
                 if not any(flag.split("=", 1)[0] == "--print_config" for flag in flags):
-                    return schedulers.submit(scheduler, overrides, flags, tree)
+                    return schedulers.submit(scheduler, overrides, flags, tree, _fit_on_ray_worker)
                 tree["trainer"].update(schedulers.job_trainer(scheduler, tree["trainer"]))  # the job's config
             handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="lit_ppo_", delete=False)
             with handle:

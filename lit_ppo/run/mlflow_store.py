@@ -10,7 +10,8 @@ import contextlib
 import os
 from typing import Any
 
-from lit_ppo.cli_errors import ConfigError
+from lit_ppo.errors import TrackingError
+from lit_ppo.utils.text import first_line
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_EXPERIMENT = "lit_ppo"
@@ -25,9 +26,6 @@ DRIVER_PACKAGES = {"psycopg": "'psycopg[binary]'", "psycopg2": "psycopg2-binary"
 """Python module of a database driver -> the package that installs it (where the names differ)."""
 
 
-class TrackingError(ConfigError):
-    """The tracking store cannot be used; reported as one line (exit code 2) before any model loads."""
-
 
 def resolve_tracking_uri(configured: str | None) -> str:
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
@@ -36,10 +34,6 @@ def resolve_tracking_uri(configured: str | None) -> str:
 def resolve_experiment(configured: str | None) -> str:
     return configured or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
 
-
-def first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
 
 
 def sqlite_file(uri: str) -> str | None:

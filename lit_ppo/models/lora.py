@@ -17,17 +17,24 @@ from typing import Iterable, Iterator
 
 import torch
 
+from lit_ppo.config import ModelConfig
+from lit_ppo.errors import ConfigError
+from lit_ppo.models.hf_dir import publish
+from lit_ppo.models.loading import model_from_weights
+
 ADAPTER = "default"
 """peft's name of the one adapter lit_ppo trains."""
 _LORA_PARTS = ("lora_A", "lora_B")
 
 
-def lora_config(rank: int, alpha: float, dropout: float, target_modules):
-    """peft ``LoraConfig`` of the ``model.lora_*`` settings."""
+def lora_config(model_cfg: ModelConfig):
+    """peft ``LoraConfig`` of the ``model.lora_*`` settings (``lora_rank`` > 0)."""
     from peft import LoraConfig
 
-    targets = target_modules if isinstance(target_modules, str) else list(target_modules)
-    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none")
+    targets = model_cfg.lora_target_modules
+    targets = targets if isinstance(targets, str) else list(targets)
+    return LoraConfig(r=model_cfg.lora_rank, lora_alpha=model_cfg.lora_alpha, lora_dropout=model_cfg.lora_dropout,
+                      target_modules=targets, bias="none")
 
 
 def add_lora(model: torch.nn.Module, config) -> torch.nn.Module:
@@ -38,7 +45,6 @@ def add_lora(model: torch.nn.Module, config) -> torch.nn.Module:
     from peft import inject_adapter_in_model
     from peft.tuners.lora import Linear
 
-    from lit_ppo.cli_errors import ConfigError
 
     targets = config.target_modules  # peft keeps a list as a set
     where = f"model.lora_target_modules={sorted(targets) if isinstance(targets, (set, frozenset)) else targets!r}"
@@ -151,7 +157,6 @@ def _merge(layer, weight: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tens
 def merged_model(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` itself without adapters, else a plain transformers model of its config holding
     ``merged_weights(model)`` (``model`` is unchanged): what exports write."""
-    from lit_ppo.models import model_from_weights
 
     if not has_lora(model):
         return model
@@ -175,3 +180,8 @@ def save_adapter(model: torch.nn.Module, base_dir: str | Path, output: str | Pat
     state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
     save_file({f"base_model.model.{k}": v.detach().contiguous() for k, v in state.items()},
               output / "adapter_model.safetensors", metadata={"format": "pt"})
+
+
+def write_adapter_dir(policy, output: str | Path, overwrite: bool = False) -> Path:
+    """Write the LoRA adapter of ``policy`` to ``output`` atomically, in peft's format."""
+    return publish(output, overwrite, "--adapter", lambda tmp: save_adapter(policy, policy.name_or_path, tmp))

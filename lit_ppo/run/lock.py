@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from lit_ppo.cli_errors import ConfigError
+from lit_ppo.errors import ConfigError
 
 LOCK_NAME = ".lock"
 _held: dict[str, int] = {}  # run directory -> the open file descriptor that holds its lock

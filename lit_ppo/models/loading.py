@@ -31,12 +31,13 @@ from typing import Callable
 
 import torch
 
-from lit_ppo.cli_errors import ConfigError
-from lit_ppo.sampling import sampling_logits
-from lit_ppo.user_code import describe
+from lit_ppo.errors import ConfigError
+from lit_ppo.models.attention import use_float32_attention_on_cpu
+from lit_ppo.models.hf_dir import write_hf_files
+from lit_ppo.models.packing import hidden_states
+from lit_ppo.models.sampling import sampling_logits
+from lit_ppo.utils.imports import describe
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-"""Weight and autocast dtypes by their config names (model.dtype, rollout.engine_kwargs.dtype / autocast)."""
 MODEL_SOURCES = ("tiny", "smollm2")
 """Named model sources of ``load_causal_lm``; any local directory is accepted too."""
 
@@ -79,30 +80,6 @@ def _cached(cache_dir: str | Path | None, name: str, write: Callable[[Path], Non
         if not final.is_dir():  # not a lost race: a real error
             raise
     return final
-
-
-def save_checkpoint(model: torch.nn.Module, tokenizer, path: str | Path) -> None:
-    """Write ``model`` and ``tokenizer`` to ``path`` as a Hugging Face checkpoint, on every rank.
-
-    transformers' ``save_pretrained`` skips the weights on any torch.distributed rank but 0, while
-    each rank needs its own copy (a cache entry it builds, its vLLM engine's start-up checkpoint):
-    the config, generation config and weights are written here instead. Tied weights are stored
-    once, under their first name, as transformers does.
-    """
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    model.config.save_pretrained(path)
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.save_pretrained(path)
-    tensors, seen = {}, set()
-    for name, tensor in model.state_dict().items():
-        if tensor.data_ptr() not in seen:
-            seen.add(tensor.data_ptr())
-            tensors[name] = tensor.detach().contiguous()
-    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
-    tokenizer.save_pretrained(path)
 
 
 def model_from_weights(config, weights, dtype: torch.dtype, generation_config=None):
@@ -415,7 +392,7 @@ def build_tiny(cfg: TinyModelConfig | None = None, cache_dir: str | Path | None 
     cfg = cfg or TinyModelConfig()
 
     def write(tmp: Path) -> None:
-        save_checkpoint(*_build_tiny_fresh(cfg), tmp)
+        write_hf_files(*_build_tiny_fresh(cfg), tmp)
 
     return _load_dir(_cached(cache_dir, cfg.cache_name(), write), dtype)
 
@@ -457,7 +434,7 @@ def _convert_smollm2(out: Path) -> None:
         quantizer.remove_quantization_config(model)
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    save_checkpoint(model, tokenizer, out)
+    write_hf_files(model, tokenizer, out)
 
 
 def load_causal_lm(source: str, cache_dir: str | Path | None = None, dtype: torch.dtype = torch.float32):
@@ -465,7 +442,7 @@ def load_causal_lm(source: str, cache_dir: str | Path | None = None, dtype: torc
 
     ``"smollm2"`` is converted from GGUF once (about a minute on 2 cores) into
     ``cache_dir/smollm2-135m-instruct-q4_1``; later calls load the safetensors copy. Models on sdpa
-    attention compute it in float32 on CPU under autocast (``lit_ppo.attention``).
+    attention compute it in float32 on CPU under autocast (``lit_ppo.models.attention``).
     """
     if source == "tiny":
         model, tokenizer = build_tiny(TinyModelConfig(), cache_dir, dtype)
@@ -479,8 +456,6 @@ def load_causal_lm(source: str, cache_dir: str | Path | None = None, dtype: torc
     else:
         raise ValueError(f"model source {source!r} is invalid: must be one of {', '.join(map(repr, MODEL_SOURCES))} "
                          f"or a local directory holding a Hugging Face causal LM")
-    from lit_ppo.attention import use_float32_attention_on_cpu
-
     use_float32_attention_on_cpu(model)
     return model, tokenizer
 
@@ -498,10 +473,8 @@ def source_cache_entry(source: str, cache_dir: str | Path | None = None) -> Path
 def _hidden_states(body: torch.nn.Module, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Last hidden state ``[B, T, H]`` of a transformer body (a causal LM's ``base_model``), aligned
     with the padded batch (its values at padding are unused). The body runs on the rows' real tokens
-    packed into bins, position ids restarting per row, where it supports that (``lit_ppo.packing``):
+    packed into bins, position ids restarting per row, where it supports that (``lit_ppo.models.packing``):
     no pad token is computed. Positions count real tokens either way, as the engines' generate does."""
-    from lit_ppo.packing import hidden_states
-
     return hidden_states(body, input_ids, mask)
 
 
@@ -598,7 +571,7 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     """Label-aligned log-probs (and entropies) of ``input_ids`` under the sampling distribution.
 
     Returns ``(logp, entropy)``, float32 ``[B, T]``: ``logp[b, t] = log p(input_ids[b, t] | tokens < t)``
-    where p is ``lit_ppo.sampling.sampling_logits`` (temperature, top-k, top-p, ``allowed`` bool ``[V]``
+    where p is ``lit_ppo.models.sampling.sampling_logits`` (temperature, top-k, top-p, ``allowed`` bool ``[V]``
     mask) of the logits at position t-1, exactly what the engines report; ``entropy[b, t]`` is
     ``-sum p log p`` of that distribution (None unless ``with_entropy``). Both are 0 at t = 0, at
     padding and, if ``loss_mask`` (``[B, T]`` bool) is given, wherever it is False: pass it to skip the
@@ -678,3 +651,11 @@ def build_reference(policy):
     reference = copy.deepcopy(policy).eval()
     reference.requires_grad_(False)
     return reference
+
+
+def base_model_paths(cfg) -> dict[str, Path]:
+    """What loading the base model of the ModelConfig ``cfg`` reads, ``{description: path}``: a
+    local model directory, or the cache entry of a named source."""
+    if cfg.source in MODEL_SOURCES:
+        return {f"the cache entry of model.source={cfg.source}": source_cache_entry(cfg.source, cfg.cache_dir)}
+    return {"the base model directory (model.source)": Path(cfg.source).expanduser()}

@@ -21,19 +21,16 @@ The columns, all read back from MLflow:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from lit_ppo.cli_errors import ConfigError
-from lit_ppo.mlflow_store import (first_line, probe_server, resolve_experiment, resolve_tracking_uri,
-                                  sqlite_file)
+from lit_ppo.errors import ConfigError
+from lit_ppo.run.mlflow_store import probe_server, resolve_experiment, resolve_tracking_uri, sqlite_file
+from lit_ppo.utils.text import first_line
 
-USAGE = "usage: python -m lit_ppo compare [--experiment NAME] [--runs ID ...] [--metric M] [--output PNG]"
 REWARD = "rollout/reward_mean"
 DEFAULT_OUTPUT = "compare.png"
 
@@ -259,25 +256,3 @@ def compare(run_ids: list[str] | None = None, experiment: str | None = None, met
     return path
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise ConfigError(f"{message} ({USAGE.removeprefix('usage: ')})")
-
-
-def main(argv: list[str]) -> int:
-    """``compare`` subcommand; returns the exit code (2 for bad input, with a one-line message)."""
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.split("\n\n", 1)[0] + "\n\n" + USAGE)
-        return 0
-    parser = _Parser(prog="python -m lit_ppo compare", add_help=False, allow_abbrev=False)
-    parser.add_argument("--experiment")
-    parser.add_argument("--runs", nargs="+")
-    parser.add_argument("--metric", default=REWARD)
-    parser.add_argument("--output", default=DEFAULT_OUTPUT)
-    try:
-        args = parser.parse_args(argv)
-        compare(args.runs, args.experiment, args.metric, args.output)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0

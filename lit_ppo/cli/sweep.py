@@ -26,15 +26,17 @@ import sys
 import warnings
 from dataclasses import dataclass
 
-from lit_ppo.cli_errors import ConfigError, explain_hydra_error, split_arguments
-from lit_ppo.compare import REWARD, check_output, compare
-from lit_ppo.tracking import _component, _mlflow_loggers, run_name
+from lit_ppo.cli.explain import explain_hydra_error
+from lit_ppo.errors import ConfigError
+from lit_ppo.run.compare import REWARD, check_output, compare
+from lit_ppo.run.tracking import _component, _mlflow_loggers, run_name
+from lit_ppo.utils.flags import split_arguments
 
 USAGE = ("usage: python -m lit_ppo sweep key=a,b [key=range(0,3) ...] [key=value ...] [--experiment NAME] "
          "[--metric M] [--output PNG]")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 RUN_ID_LINE = re.compile(r"^mlflow run id: (\S+) \((.*), experiment .*\)$")
-"""What a fit prints on stderr once its MLflow run exists (lit_ppo.tracking.start_mlflow_runs)."""
+"""What a fit prints on stderr once its MLflow run exists (lit_ppo.run.tracking.start_mlflow_runs)."""
 
 
 @dataclass
@@ -58,7 +60,7 @@ def expand(overrides: list[str]) -> list[Combination]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    from lit_ppo.cli import conf_dir, group_options
+    from lit_ppo.cli.fit import conf_dir, group_options
 
     # The config loader lets glob(...) list a config group's options, as in a Hydra multirun.
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
@@ -91,7 +93,7 @@ def expand(overrides: list[str]) -> list[Combination]:
 def check(combinations: list[Combination]) -> None:
     """Compose and validate every combination as ``fit`` does (no model is loaded), so that a bad
     value in the grid fails before the first fit spends its time."""
-    from lit_ppo.cli import compose, validate
+    from lit_ppo.cli.fit import check_config, compose
 
     for i, combination in enumerate(combinations, 1):
         where = f"[{i}/{len(combinations)}] {combination.label or 'fit'}"
@@ -99,7 +101,7 @@ def check(combinations: list[Combination]) -> None:
             with warnings.catch_warnings():  # each fit prints its own warnings
                 warnings.simplefilter("ignore")
                 tree = compose(combination.overrides)
-                validate(tree)
+                check_config(tree)
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
         if not _mlflow_loggers(tree["trainer"].get("logger")):

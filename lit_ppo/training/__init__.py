@@ -1,0 +1,2 @@
+"""Layer 4, the Lightning side: ``LitPPO`` (the iteration), ``RolloutDataModule`` (the rollouts as a
+datamodule), the FSDP2 strategy, and checkpoints written whole with a record of what made them."""

@@ -1,0 +1,150 @@
+"""The package's layers (docs/architecture.md#layers): a module imports only from its own layer or a lower
+one, siblings of layer 2 not from each other, nothing imports the compatibility modules, the import graph
+has no circle (function-local imports counted), and the algorithm core loads no Lightning."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LAYERS = [
+    ["lit_ppo.errors", "lit_ppo.utils"],
+    ["lit_ppo.config"],
+    ["lit_ppo.algos", "lit_ppo.models", "lit_ppo.tasks"],
+    ["lit_ppo.rollout"],
+    ["lit_ppo.training", "lit_ppo.callbacks"],
+    ["lit_ppo.run"],
+    ["lit_ppo.schedulers"],
+    ["lit_ppo.cli", "lit_ppo.__main__"],
+]
+"""Bottom to top. Within a layer the packages may import each other, except in layer 2."""
+INDEPENDENT = {2}
+"""Layers whose packages must not import each other (the math, the models and the tasks)."""
+COMPATIBILITY = {"lit_ppo", "lit_ppo.module", "lit_ppo.data", "lit_ppo.fsdp", "lit_ppo.tracking"}
+"""The package itself and the old module paths kept for recorded configs and user code: above every layer."""
+
+
+def _source_files() -> dict[str, Path]:
+    """Module name -> file, for lit_ppo/ and callbacks/ (installed as lit_ppo.callbacks)."""
+    modules = {}
+    for top, package in ((ROOT / "lit_ppo", "lit_ppo"), (ROOT / "callbacks", "lit_ppo.callbacks")):
+        for path in top.rglob("*.py"):
+            parts = [package, *path.relative_to(top).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    return modules
+
+
+MODULES = _source_files()
+
+
+def _resolve(name: str) -> str | None:
+    """The lit_ppo module that the dotted ``name`` (a module or a name inside one) is or lies in."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str) -> set[str]:
+    """The lit_ppo modules ``module`` imports, anywhere in its file."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            # ``from lit_ppo import schedulers`` imports the module lit_ppo.schedulers, not the package
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+        for name in names:
+            target = _resolve(name) if name.startswith("lit_ppo") else None
+            if target is not None and target != module:
+                found.add(target)
+    return found
+
+
+GRAPH = {module: _imports(module) for module in MODULES}
+
+
+def _layer(module: str) -> tuple[int, str] | None:
+    for index, packages in enumerate(LAYERS):
+        for package in packages:
+            if module == package or module.startswith(package + "."):
+                return index, package
+    return None
+
+
+def test_every_module_has_a_layer():
+    assert sorted(m for m in MODULES if _layer(m) is None and m not in COMPATIBILITY) == []
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_a_module_imports_only_its_own_layer_or_lower(module):
+    place = _layer(module)
+    if place is None:
+        return
+    wrong = []
+    for target in sorted(GRAPH[module]):
+        there = _layer(target)
+        if there is None:
+            wrong.append(f"{target} (a compatibility module)")
+        elif there[0] > place[0]:
+            wrong.append(f"{target} (layer {there[0]}, above layer {place[0]})")
+        elif there[0] == place[0] in INDEPENDENT and there[1] != place[1]:
+            wrong.append(f"{target} (an independent sibling in layer {place[0]})")
+    assert wrong == [], f"{module} imports {', '.join(wrong)}"
+
+
+def test_the_import_graph_has_no_circle():
+    """Tarjan's strongly connected components: each must be a single module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in GRAPH[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(GRAPH):
+        if module not in index:
+            visit(module)
+    assert circles == []
+
+
+def test_layer_checks_see_function_local_imports():
+    # The walk must count imports inside functions, or a circle held open by one would pass.
+    assert "lit_ppo.cli.ray_worker" in GRAPH["lit_ppo.cli.fit"]
+
+
+@pytest.mark.parametrize("package", ["lit_ppo.algos", "lit_ppo.config", "lit_ppo.models", "lit_ppo.tasks"])
+def test_the_math_models_and_tasks_load_no_lightning(package):
+    code = (f"import sys, {package}; loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
+            f"('lightning', 'pytorch_lightning', 'lightning_fabric')); print(loaded[:3]); sys.exit(bool(loaded))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, f"import {package} loads Lightning: {result.stdout}{result.stderr}"
