@@ -103,9 +103,9 @@ def test_real_process_exit_code_and_no_traceback(tmp_path):
     assert not (tmp_path / "cache").exists()  # nothing was built
 
 
-def test_validate_is_used_by_run(monkeypatch):
+def test_check_config_is_used_by_run(monkeypatch):
     calls = []
-    monkeypatch.setattr(cli_module, "validate", lambda tree, subcommand: calls.append(tree) or (_ for _ in ()).throw(
+    monkeypatch.setattr(cli_module, "check_config", lambda tree, subcommand: calls.append(tree) or (_ for _ in ()).throw(
         cli_module.ConfigError("stop")))
     assert cli_module.run(["fit", "algo=grpo"]) == 2
     assert calls and calls[0]["model"]["algo"] == "grpo"
