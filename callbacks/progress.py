@@ -8,10 +8,17 @@ import time
 
 import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks.progress.rich_progress import (BatchesProcessedColumn, CustomBarColumn,
+                                                                 CustomTimeColumn)
+from rich.progress import TextColumn
 
 SHOWN = {"reward": "rollout/reward_mean", "kl": "actor/approx_kl", "entropy": "actor/entropy",
          "length": "rollout/response_length"}
 """Progress name -> logged metric."""
+BAR_WIDTH = 12
+"""Characters of the bar itself: with the counts, the times and the reward it fits 80 columns."""
+NARROW_ORDER = ("reward", "s/it", "kl", "entropy", "length")
+"""What the bar keeps first when the terminal is too narrow for every metric."""
 
 
 def _seconds_per_iteration(metrics: dict) -> float | None:
@@ -49,13 +56,44 @@ class IterationProgress(RichProgressBar):
     def _get_train_description(self, current_epoch: int) -> str:
         return "iteration"
 
+    def configure_columns(self, trainer: L.Trainer) -> list:
+        # Lightning's columns less the speed (iterations per second: s/it is among the metrics), the bar
+        # narrower, so that a bar and its metrics fit one line of an 80-column terminal.
+        return [TextColumn("[progress.description]{task.description}"),
+                CustomBarColumn(bar_width=BAR_WIDTH, complete_style=self.theme.progress_bar,
+                                finished_style=self.theme.progress_bar_finished, pulse_style=self.theme.progress_bar_pulse),
+                BatchesProcessedColumn(style=self.theme.batch_progress), CustomTimeColumn(style=self.theme.time)]
+
     def get_metrics(self, trainer: L.Trainer, pl_module) -> dict:
         logged = trainer.callback_metrics
         shown = {name: float(logged[key]) for name, key in SHOWN.items() if key in logged}
         seconds = _seconds_per_iteration(logged)
         if seconds is not None:
             shown["s/it"] = seconds
-        return {k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in shown.items()}
+        shown = {k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in shown.items()}
+        if self.plain or self._console is None:
+            return shown
+        return self._fitting(shown, self._console.width - self._columns_width())
+
+    def _columns_width(self) -> int:
+        """Characters of the line before the metrics: description, bar, ``i/N``, ``elapsed • left``, and
+        the one space rich puts between columns."""
+        total = self.total_train_batches
+        counts = 2 * len(str(total)) + 1 if math.isfinite(total) else 6
+        return len("iteration") + BAR_WIDTH + counts + len("0:00:00 • 0:00:00") + 4
+
+    @staticmethod
+    def _fitting(shown: dict[str, str], width: int) -> dict[str, str]:
+        """The metrics of ``shown`` that fit ``width`` characters as rich writes them (``name: value``,
+        one space apart), the most telling first (``NARROW_ORDER``), in their usual order."""
+        kept, used = set(), 0
+        for name in (n for n in NARROW_ORDER if n in shown):
+            size = len(f"{name}: {shown[name]}") + (1 if kept else 0)
+            if used + size > width:
+                break
+            kept.add(name)
+            used += size
+        return {k: v for k, v in shown.items() if k in kept}
 
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
@@ -76,6 +114,11 @@ class IterationProgress(RichProgressBar):
         of_total = f"/{total}" if math.isfinite(total) else ""
         if trainer.is_global_zero:
             print(f"iteration {step}{of_total} {shown}{eta}", flush=True)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module) -> None:
+        # The bar's last state stays above what follows it (the run summary), not redrawn below it.
+        if not self.plain:
+            self._stop_progress()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
         super().on_validation_end(trainer, pl_module)

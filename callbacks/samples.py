@@ -1,15 +1,26 @@
-"""Log sample completions (prompt, completion, reward) of the training batches as run artifacts."""
+"""Sample completions (prompt, completion, reward) of the training batches: a file in the run directory
+whatever the logger, and a table in the tracked run."""
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.loggers import MLFlowLogger, WandbLogger
+
+SAMPLES_FILE = "samples.jsonl"
+"""File in the run directory (``trainer.default_root_dir``) that the samples are appended to."""
+SAMPLES_TABLE = "samples.json"
+"""MLflow table artifact of the samples (the run's Evaluation / Artifacts tab shows it)."""
 
 
 class CompletionSamples(L.Callback):
-    """Every ``every_n_steps`` iterations, write ``num_samples`` rows of the batch just trained on to
-    ``samples/step_<k>.json`` through the logger (MLflow artifact, or a file for other loggers).
+    """Every ``every_n_steps`` iterations (the first one included), ``num_samples`` rows of the batch just
+    trained on: appended to ``<run directory>/samples.jsonl`` as one JSON object per row (``iteration``,
+    1-based as printed, ``prompt``, ``completion``, ``reward``), to the ``samples.json`` table of
+    each MLflow run the trainer logs to, and as a ``samples`` table to each W&B run.
 
     Args:
         every_n_steps: log every this many RL iterations (the first one included).
@@ -25,13 +36,30 @@ class CompletionSamples(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         rollout = pl_module.last_batch
-        step = pl_module.version - 1
-        if rollout is None or not rollout.completions or step % self.every_n_steps or not trainer.is_global_zero:
+        iteration = trainer.global_step
+        if (rollout is None or not rollout.completions or (iteration - 1) % self.every_n_steps
+                or not trainer.is_global_zero):
             return
-        rows = [{"prompt": p, "completion": c, "reward": float(r)}
+        rows = [{"iteration": iteration, "prompt": p, "completion": c, "reward": float(r)}
                 for p, c, r in zip(rollout.prompts, rollout.completions, rollout.rewards.tolist())][:self.num_samples]
-        text = json.dumps({"step": step, "samples": rows}, indent=1)
+        self._append(Path(trainer.default_root_dir) / SAMPLES_FILE, rows)
         for logger in trainer.loggers:
-            experiment = logger.experiment
-            if hasattr(experiment, "log_text") and getattr(logger, "run_id", None):
-                experiment.log_text(logger.run_id, text, f"samples/step_{step:06d}.json")
+            if isinstance(logger, MLFlowLogger) and logger.run_id:
+                # MLflow appends to a table artifact of the same name: one table over the run.
+                columns = {key: [row[key] for row in rows] for key in rows[0]}
+                logger.experiment.log_table(logger.run_id, columns, SAMPLES_TABLE)
+            elif isinstance(logger, WandbLogger):
+                logger.log_table("samples", columns=list(rows[0]), data=[list(row.values()) for row in rows],
+                                 step=iteration)
+
+    @staticmethod
+    def _append(path: Path, rows: list[dict]) -> None:
+        # One write of whole lines with O_APPEND: a kill leaves the file ending at a row's end.
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)

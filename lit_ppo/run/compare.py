@@ -33,6 +33,8 @@ from lit_ppo.utils.text import first_line
 
 REWARD = "rollout/reward_mean"
 DEFAULT_OUTPUT = "compare.png"
+SHORT_ID = 8
+"""Characters of a run id in the table's ``id`` column: enough to name the run in ``--runs``."""
 
 
 @dataclass
@@ -110,26 +112,46 @@ def select_runs(client, experiment: str | None, run_ids: list[str] | None) -> li
         if run_ids:
             runs = []
             for run_id in run_ids:
-                try:
-                    run = client.get_run(run_id)
-                except MlflowException as e:
-                    if e.error_code != "RESOURCE_DOES_NOT_EXIST":
-                        raise
-                    raise ConfigError(f"--runs {run_id}: no such run in {uri}") from None
+                run = _run_by_id(client, run_id)
                 if found is not None and run.info.experiment_id != found.experiment_id:
                     raise ConfigError(f"--runs {run_id}: the run is not in experiment {found.name}")
                 runs.append(run)
         else:
-            runs, token = [], None
-            while True:
-                page = client.search_runs([found.experiment_id], page_token=token)
-                runs += page
-                token = page.token
-                if not token:
-                    break
+            runs = _all_runs(client, [found.experiment_id])
             if not runs:
                 raise ConfigError(f"{where}: the experiment has no runs in {uri}")
     return sorted(runs, key=lambda run: (run.info.start_time or 0, run.info.run_name or ""))
+
+
+def _all_runs(client, experiment_ids: list[str]) -> list:
+    """Every active run of the experiments, page by page."""
+    runs, token = [], None
+    while True:
+        page = client.search_runs(experiment_ids, page_token=token)
+        runs += page
+        token = page.token
+        if not token:
+            return runs
+
+
+def _run_by_id(client, run_id: str):
+    """The run whose id is ``run_id`` or, failing that, the one run whose id starts with it (as the table's
+    ``id`` column shows); a ConfigError when none or several do."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id)
+    except MlflowException as e:
+        if e.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    matches = [run for run in _all_runs(client, experiments) if run.info.run_id.startswith(run_id.lower())]
+    if not matches:
+        raise ConfigError(f"--runs {run_id}: no such run in {client.tracking_uri}")
+    if len(matches) > 1:
+        ids = ", ".join(sorted(run.info.run_id[:12] for run in matches)[:4])
+        raise ConfigError(f"--runs {run_id}: the prefix matches {len(matches)} runs ({ids}): give more of the id")
+    return matches[0]
 
 
 def metric_history(client, run_id: str, metric: str) -> list:
@@ -170,10 +192,10 @@ def format_table(summaries: list[RunSummary], extra: dict[str, dict[str, str]] |
     ``extra`` maps a run id to more ``{column: text}`` (a sweep's swept values), put after algo."""
     extra = extra or {}
     extra_columns = list(dict.fromkeys(column for row in extra.values() for column in row))
-    header = ["run", "algo", *extra_columns, "iterations", "final reward", "best reward", "eval accuracy", "it/s",
+    header = ["run", "id", "algo", *extra_columns, "iterations", "final reward", "best reward", "eval accuracy", "it/s",
               "kl", "clip fraction", "entropy"]
-    numeric_from = 2 + len(extra_columns)
-    rows = [[s.name, s.algo, *[extra.get(s.run_id, {}).get(column, "-") for column in extra_columns],
+    numeric_from = 3 + len(extra_columns)
+    rows = [[s.name, s.run_id[:SHORT_ID], s.algo, *[extra.get(s.run_id, {}).get(column, "-") for column in extra_columns],
              str(s.iterations), *map(_number, (s.final_reward, s.best_reward, s.eval_accuracy, s.iterations_per_s,
                                                s.kl, s.clip_fraction, s.entropy))]
             for s in summaries]

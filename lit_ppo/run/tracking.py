@@ -36,12 +36,12 @@ from typing import Any, Literal
 
 from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
 from lightning.pytorch.cli import SaveConfigCallback
-from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
 
 from lit_ppo.config import typed_key
 from lit_ppo.errors import ConfigError, TrackingError
 from lit_ppo.run.lock import lock_run_dir
-from lit_ppo.run.mlflow_store import prepare_store, resolve_experiment, resolve_tracking_uri
+from lit_ppo.run.mlflow_store import DEFAULT_EXPERIMENT, prepare_store, resolve_experiment, resolve_tracking_uri
 from lit_ppo.run.resume import CONFIG_STATE_KEY, recorded_run
 from lit_ppo.training.record import RECORD_KEY, RUN_KEY
 from lit_ppo.utils.fs import write_file_atomically
@@ -179,6 +179,46 @@ class CSVRunLogger(CSVLogger):
                          flush_logs_every_n_steps=flush_logs_every_n_steps)
 
 
+WANDB_TAG_CHARS = 64
+"""W&B refuses every tag of an update when one is longer."""
+
+
+class WandbRunLogger(WandbLogger):
+    """Lightning's WandbLogger named and placed like the run: the W&B run is named like the run directory,
+    its local files go to ``<run dir>/wandb/``, and it gets the same params (the resolved config as typed
+    on the command line), metrics and tags (``key=value``) as an MLflow run. A resumed run continues the
+    W&B run its checkpoint recorded.
+
+    Args:
+        project: W&B project; None for ``WANDB_PROJECT``, else ``lit_ppo``.
+        name: the W&B run's name; None for the run directory's name.
+        save_dir: where W&B writes its local files (a ``wandb/`` folder); None for the run directory.
+        offline: keep the run on this machine (``wandb sync <run dir>/wandb/offline-run-*`` uploads it
+            later); W&B's ``WANDB_MODE=offline`` does the same.
+        tags: tags of the W&B run, besides the run's own (algo, task, model, engine, world size, git_sha).
+        log_model: as WandbLogger: upload checkpoints as artifacts (False, True or 'all').
+        prefix: put at the beginning of metric keys.
+        run_id: continue this existing W&B run instead of starting one.
+        kwargs: more ``wandb.init`` arguments (entity, group, notes, ...).
+    """
+
+    def __init__(self, project: str | None = None, name: str | None = None, save_dir: str | None = None,
+                 offline: bool = False, tags: list[str] | None = None,
+                 log_model: Literal[True, False, "all"] = False, prefix: str = "", run_id: str | None = None,
+                 **kwargs: Any):
+        run_dir = os.environ.get(RUN_DIR_ENV)
+        super().__init__(name=name or (Path(run_dir).name if run_dir else None), save_dir=_in_run_dir(save_dir),
+                         offline=offline, id=run_id, project=project or os.environ.get("WANDB_PROJECT") or
+                         DEFAULT_EXPERIMENT, log_model=log_model, prefix=prefix, tags=list(tags or []), **kwargs)
+
+    def add_tags(self, tags: dict[str, str]) -> None:
+        """Tag the run ``key=value`` (W&B tags are plain strings of at most 64 characters: a longer one, such
+        as the run directory's path, is left out)."""
+        run = self.experiment
+        new = [f"{key}={value}" for key, value in tags.items() if len(f"{key}={value}") <= WANDB_TAG_CHARS]
+        run.tags = tuple(dict.fromkeys([*(run.tags or ()), *new]))
+
+
 # ---------------------------------------------------------------------------------------------
 # the run directory
 # ---------------------------------------------------------------------------------------------
@@ -236,6 +276,14 @@ def _get(node: Any, key: str) -> Any:
     return node.get(key) if isinstance(node, dict) else getattr(node, key, None)
 
 
+def _set(node: Any, key: str, value: Any) -> None:
+    """``node[key] = value`` of a dict, else set its attribute (a parsed Namespace)."""
+    if isinstance(node, dict):
+        node[key] = value
+    else:
+        setattr(node, key, value)
+
+
 def _logger_specs(logger_config: Any) -> list[tuple[type, Any]]:
     """(class, spec) of every logger given by ``class_path`` in the parsed ``trainer.logger`` value."""
     specs = logger_config if isinstance(logger_config, list) else [logger_config]
@@ -266,13 +314,17 @@ def _tracking_setting(cls: type, init_args: dict) -> tuple[str | None, str, str]
     return configured, source, init_args.get("experiment_name") or "lightning_logs"
 
 
-def _check_tensorboard(logger_config: Any) -> None:
-    """A TensorBoard logger without its package fails here, as one line, not in Lightning's constructor."""
+LOGGER_PACKAGES = ((TensorBoardLogger, ("tensorboard", "tensorboardX"), "tensorboard"), (WandbLogger, ("wandb",), "wandb"))
+"""(logger class, the modules any of which it works with, the package to install)."""
+
+
+def _check_logger_packages(logger_config: Any) -> None:
+    """A logger without its package fails here, as one line, not in Lightning's constructor."""
     for cls, _ in _logger_specs(logger_config):
-        if (issubclass(cls, TensorBoardLogger) and importlib.util.find_spec("tensorboard") is None
-                and importlib.util.find_spec("tensorboardX") is None):
-            raise ConfigError(f"trainer.logger {cls.__name__} needs the tensorboard package, which is not "
-                              "installed: pip install tensorboard")
+        for base, modules, package in LOGGER_PACKAGES:
+            if issubclass(cls, base) and all(importlib.util.find_spec(m) is None for m in modules):
+                raise ConfigError(f"trainer.logger {cls.__name__} needs the {package} package, which is not "
+                                  f"installed: pip install {package}")
 
 
 def _what_ran(config: Any) -> dict[str, str]:
@@ -322,14 +374,13 @@ def _continued_run(config: Any) -> Path | None:
         uri, _, experiment = _tracking_setting(cls, _as_dict(_get(spec, "init_args")))
         missing = _missing_mlflow_run(uri, experiment, run_id, record.get("mlflow_tracking_uri"))
         if missing is None:
-            init_args = _get(spec, "init_args")
-            if isinstance(init_args, dict):
-                init_args["run_id"] = run_id
-            else:
-                init_args.run_id = run_id
+            _set(_get(spec, "init_args"), "run_id", run_id)
     if missing is not None:
         print(f"note: --ckpt_path {ckpt_path}: {missing}: starting a new run", file=sys.stderr, flush=True)
         return None
+    wandb_loggers = [spec for cls, spec in _logger_specs(config.trainer.logger) if issubclass(cls, WandbRunLogger)]
+    if wandb_loggers and record.get("wandb_run_id") and not _get(_get(wandb_loggers[0], "init_args"), "run_id"):
+        _set(_get(wandb_loggers[0], "init_args"), "run_id", record["wandb_run_id"])
     return Path(run_dir)
 
 
@@ -357,7 +408,7 @@ def start(config: Any) -> Path | None:
     make every MLflow store ready and, on rank 0, create the run directory (or continue the resumed
     checkpoint's), export it to the ranks Lightning will start and print it. Returns the run directory
     (None on a rank that learns it by broadcast at setup)."""
-    _check_tensorboard(config.trainer.logger)
+    _check_logger_packages(config.trainer.logger)
     for cls, init_args in _mlflow_settings(config):
         uri, source, name = _tracking_setting(cls, init_args)
         if uri:
@@ -394,6 +445,8 @@ def start_mlflow_runs(trainer: Any, config: Any, run_dir: Path | None) -> None:
         return
     tags = run_tags(config, trainer, run_dir)
     for logger in trainer.loggers:
+        if isinstance(logger, WandbRunLogger):
+            logger.add_tags(tags)
         if not isinstance(logger, MLFlowLogger):
             continue
         continuing = logger._run_id is not None
@@ -430,16 +483,18 @@ def end_started_runs(status: str) -> None:
 
 def run_reference(trainer: Any) -> dict[str, str]:
     """Where the trainer's run is recorded, kept in its checkpoints so that a resume continues it: the
-    run directory and the first MLflow run (id and tracking URI), as far as the run has them."""
+    run directory, the first MLflow run (id and tracking URI) and the first W&B run, as far as the run
+    has them."""
     out = {}
     for callback in trainer.callbacks:
         if isinstance(callback, TrackedConfig) and callback.run_dir is not None:
             out["dir"] = os.path.abspath(callback.run_dir)
     if trainer.is_global_zero:  # the loggers of the other ranks hold no run
         for logger in trainer.loggers:
-            if isinstance(logger, MLFlowLogger) and logger.run_id:
+            if isinstance(logger, MLFlowLogger) and logger.run_id and "mlflow_run_id" not in out:
                 out.update(mlflow_run_id=logger.run_id, mlflow_tracking_uri=logger.experiment.tracking_uri)
-                break
+            if isinstance(logger, WandbRunLogger) and "wandb_run_id" not in out:
+                out["wandb_run_id"] = logger.version
     return out
 
 
@@ -502,6 +557,9 @@ class TrackedConfig(SaveConfigCallback):
             if run_id and hasattr(logger.experiment, "log_text"):
                 logger.experiment.log_text(run_id, text, name)
                 logger.log_hyperparams(config_params(self.config.clone().as_dict()))
+            elif isinstance(logger, WandbRunLogger):
+                logger.log_hyperparams(config_params(self.config.clone().as_dict()))
+                logger.experiment.save(str(self.run_dir / name), base_path=str(self.run_dir), policy="now")
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         # Where the run is recorded goes into the checkpoint's record, so that a resume continues the run.

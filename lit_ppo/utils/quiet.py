@@ -7,7 +7,8 @@ layers without trainable weights (the rotary embedding's cache) on every weight 
 like a failure. The engine checks every push itself (VLLMEngine.update_weights names any parameter
 a push misses), so these lines carry no information here. vLLM's own start-up report (some thirty
 lines of configuration, memory and kernel notes) is left out too: its errors still show
-(``VLLM_LOGGING_LEVEL``, ERROR unless set).
+(``VLLM_LOGGING_LEVEL``, ERROR unless set), on stderr (``VLLM_LOGGING_STREAM``): stdout carries only
+the run's own lines.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def quiet_dependencies() -> None:
 
     transformers_logging.disable_progress_bar()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # read when vllm is first imported, after this
+    # stdout is the run's own (progress, scores, the summary): what vLLM logs goes to stderr with the rest.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     for name, fragments in _NOISE.items():
         logger = logging.getLogger(name)

@@ -17,7 +17,7 @@ from tests.integration.conftest import FAST, run_cli
 TRACKED = [arg for arg in FAST if not arg.startswith(("logger=", "data.batch_size=", "gconfig.n_samples="))] + [
     "data.batch_size=2", "gconfig.n_samples=2"]
 MAX_STEPS = int(next(arg.split("=")[1] for arg in FAST if arg.startswith("trainer.max_steps=")))
-COLUMNS = ["run", "algo", "seed", "iterations", "final reward", "best reward", "eval accuracy", "it/s", "kl",
+COLUMNS = ["run", "id", "algo", "seed", "iterations", "final reward", "best reward", "eval accuracy", "it/s", "kl",
            "clip fraction", "entropy"]
 
 
@@ -74,7 +74,7 @@ def test_sweep_table_holds_the_values_mlflow_recorded(swept):
     assert sorted(rows) == sorted(r.info.run_name for r in swept.runs)
     for run in swept.runs:
         row, run_id = rows[run.info.run_name], run.info.run_id
-        assert list(row) == COLUMNS
+        assert list(row) == COLUMNS and row["id"] == run_id[:8]
         rewards = history(swept.client, run_id, "rollout/reward_mean")
         assert len(rewards) == MAX_STEPS and int(row["iterations"]) == MAX_STEPS
         assert float(row["final reward"]) == pytest.approx(rewards[-1], rel=1e-3)
@@ -113,13 +113,50 @@ def test_compare_prints_the_experiment_and_draws_the_metric(swept, monkeypatch, 
 
 @pytest.mark.slow
 def test_compare_runs_selects_exactly_those_runs(swept, monkeypatch, capsys, tmp_path):
-    from lit_ppo.run.compare import main
+    from lit_ppo.cli.compare import main
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", swept.uri)
     chosen = swept.runs[:1]  # one of the two
     assert main(["--runs", *(r.info.run_id for r in chosen), "--output", str(tmp_path / "two.png")]) == 0
     assert sorted(table(capsys.readouterr().out)) == sorted(r.info.run_name for r in chosen)
     assert (tmp_path / "two.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_compare_runs_takes_the_id_the_table_shows(swept, monkeypatch, capsys, tmp_path):
+    from lit_ppo.cli.compare import main
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", swept.uri)
+    run = swept.runs[1]
+    assert main(["--runs", run.info.run_id[:8], "--output", str(tmp_path / "one.png")]) == 0
+    rows = table(capsys.readouterr().out)
+    assert list(rows) == [run.info.run_name] and rows[run.info.run_name]["id"] == run.info.run_id[:8]
+
+
+def test_a_run_id_prefix_names_one_run_or_is_refused_in_one_line(monkeypatch, capsys, tmp_path):
+    import mlflow
+
+    from lit_ppo.cli.compare import main
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("prefixes")
+    ids = [client.create_run(experiment).info.run_id for _ in range(17)]  # 17 ids, 16 hex digits: two share one
+    shared = next(i[0] for i in ids if sum(other[0] == i[0] for other in ids) > 1)
+    unique = next((i[:6] for i in ids if sum(other.startswith(i[:6]) for other in ids) == 1))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()  # the store's creation notes
+    assert main(["--runs", shared]) == 2
+    err = capsys.readouterr().err
+    matching = sum(i.startswith(shared) for i in ids)
+    assert err.count("\n") == 1 and f"--runs {shared}: the prefix matches {matching} runs (" in err, err
+    assert main(["--runs", "zz"]) == 2  # no run id holds a z
+    assert f"--runs zz: no such run in {uri}" in capsys.readouterr().err
+    from lit_ppo.run.compare import _run_by_id
+
+    assert _run_by_id(client, unique).info.run_id.startswith(unique)
+    assert _run_by_id(client, unique.upper()).info.run_id.startswith(unique)  # ids are hex: case is no matter
 
 
 @pytest.mark.slow
@@ -133,7 +170,7 @@ def test_compare_runs_selects_exactly_those_runs(swept, monkeypatch, capsys, tmp
     (["--experiment", "grid", "--output", "out.svg"], "--output out.svg: must be a .png file"),
 ])
 def test_compare_bad_input_is_one_line(swept, monkeypatch, capsys, tmp_path, args, message):
-    from lit_ppo.run.compare import main
+    from lit_ppo.cli.compare import main
 
     if swept.client.get_experiment_by_name("empty") is None:
         swept.client.create_experiment("empty")
@@ -154,7 +191,7 @@ def test_compare_bad_input_is_one_line(swept, monkeypatch, capsys, tmp_path, arg
     ("http://127.0.0.1:9", "MLflow tracking server http://127.0.0.1:9 is unreachable"),
 ])
 def test_compare_without_a_store_is_one_line(monkeypatch, capsys, tmp_path, uri, message):
-    from lit_ppo.run.compare import main
+    from lit_ppo.cli.compare import main
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri.format(tmp=tmp_path))
     monkeypatch.chdir(tmp_path)
