@@ -16,7 +16,7 @@ SHARED_SESSION_FIXTURES = {
     "smollm2_cache": ["tests/integration/test_shipped_configs.py", "tests/integration/test_smollm2.py",
                       "tests/unit/test_vllm_engine.py"],
     "demo_run": ["tests/integration/test_evaluation.py", "tests/integration/test_export.py",
-                 "tests/integration/test_sync_path_unchanged.py"],
+                 "tests/integration/test_run_outputs.py", "tests/integration/test_sync_path_unchanged.py"],
 }
 """The test files that use each expensive session fixture (``smollm2_cache``: a minute's conversion;
 ``demo_run``: a 100-iteration run): under pytest-xdist they run on one worker, which builds it once."""

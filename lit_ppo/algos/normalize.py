@@ -12,16 +12,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-import torch.distributed as dist
 
 from lit_ppo.config import NormConfig
-
-
-def _all_ranks_sum(t: torch.Tensor) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        t = t.clone()
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
+from lit_ppo.utils.dist import sum_over_ranks
 
 
 def _group_ids(batch_size: int, cfg: NormConfig, group_sizes, device) -> tuple[torch.Tensor, int]:
@@ -45,7 +38,7 @@ def _segment_sum(per_row: torch.Tensor, gid: torch.Tensor | None, n_groups: int)
     """Sum ``[B, ...]`` values over the rows of each segment -> ``[n_groups]`` (batch: one, all ranks)."""
     rows = per_row.reshape(per_row.shape[0], -1).sum(1)
     if gid is None:
-        return _all_ranks_sum(rows.sum().reshape(1))
+        return sum_over_ranks(rows.sum().reshape(1))
     return torch.zeros(n_groups, dtype=rows.dtype, device=rows.device).index_add_(0, gid, rows)
 
 
@@ -57,7 +50,7 @@ def normalize(x: torch.Tensor, cfg: NormConfig | None, mask: torch.Tensor | None
     if mask is not None and mask.shape != x.shape:
         raise ValueError(f"mask shape {tuple(mask.shape)} must equal x shape {tuple(x.shape)}")
     m = torch.ones_like(x, dtype=torch.float64) if mask is None else mask.to(torch.float64)
-    if mask is not None and _all_ranks_sum(m.sum().reshape(1)).item() == 0:
+    if mask is not None and sum_over_ranks(m.sum().reshape(1)).item() == 0:
         return x
     B = x.shape[0]
     x64 = x.to(torch.float64)

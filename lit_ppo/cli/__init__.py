@@ -1,3 +1,83 @@
 """Layer 7, the front ends: ``python -m lit_ppo fit|validate|test|export|compare|sweep``. Each
 subcommand parses and checks its arguments, reports a mistake as one line (exit code 2) and calls the
-layers below; nothing below imports from here."""
+layers below; nothing below imports from here.
+
+``SUBCOMMANDS`` names each subcommand's module, which ``main`` imports only to run it: ``python -m
+lit_ppo --help`` loads none of them, and ``compare`` loads no Lightning."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import NamedTuple
+
+from lit_ppo.cli.args import HELP_FLAGS, print_error
+from lit_ppo.utils.stop_requests import Stopped, exit_code, exit_on_signals, forget_stop_requests, signal_name
+
+PROG = "python -m lit_ppo"
+
+
+class Subcommand(NamedTuple):
+    """One row of ``SUBCOMMANDS``."""
+
+    module: str
+    """The module whose ``main(argv)`` runs it; ``argv``: the command line after ``python -m lit_ppo``,
+    the subcommand first."""
+    usage: tuple[str, ...]
+    """Its lines in ``python -m lit_ppo --help``, after ``python -m lit_ppo``."""
+    stopped: str = ""
+    """What it leaves when a stop signal ends it, after ``stopped by SIGTERM during <subcommand>``."""
+
+
+SUBCOMMANDS = {
+    "fit": Subcommand("lit_ppo.cli.fit", (
+        "fit [group=option ...] [key=value ...] [--print_config] [--LightningCLI.flags]",
+        "fit --config run.yaml [--trainer.max_steps N ...]")),
+    "validate": Subcommand("lit_ppo.cli.fit", (
+        "validate|test --ckpt_path CKPT [--eval.k N ...]   (or with fit's overrides)",)),
+    "test": Subcommand("lit_ppo.cli.fit", ()),  # on validate's line
+    "export": Subcommand("lit_ppo.cli.export", (
+        "export --ckpt_path CKPT --output DIR [--adapter DIR] [--overwrite]",),
+        ": nothing was exported (the output directory is as it was)"),
+    "compare": Subcommand("lit_ppo.cli.compare", (
+        "compare [--experiment NAME] [--runs ID ...] [--metric M] [--output PNG]",), ": no table"),
+    "sweep": Subcommand("lit_ppo.cli.sweep", (
+        "sweep key=a,b [key=range(0,3) ...] [key=value ...] [--experiment NAME] [--metric M] [--output PNG]",)),
+}
+"""Subcommand -> its module, usage and what a stop signal leaves of it."""
+EVALUATING = ("validate", "test")
+"""Subcommands that score the test split of a trained (or the untrained) model (lit_ppo.rollout.evaluation)."""
+USAGE = ("usage: " + "\n       ".join(f"{PROG} {line}" for row in SUBCOMMANDS.values() for line in row.usage) + """
+
+model=NAME|DIR: tiny, smollm2 or a local Hugging Face causal LM directory
+groups: algo, model, data, rollout, trainer, logger, rejection, scheduler""")
+
+
+def usage(subcommand: str) -> str:
+    """The first usage line of ``subcommand``: ``python -m lit_ppo compare [--experiment NAME] ...``."""
+    return f"{PROG} {SUBCOMMANDS[subcommand].usage[0]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; returns its exit code: 0 when it did its whole job, 2 for bad input, 1 for a
+    failure, 128 + the signal number when a signal stopped it (143 SIGTERM, 130 SIGINT, 138 SIGUSR1)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in HELP_FLAGS:
+        print(USAGE)
+        return 0 if argv else 2
+    forget_stop_requests()  # a request stops the command it arrived in, not a later one in this process
+    with exit_on_signals():
+        try:
+            return _dispatch(argv)
+        except Stopped as e:  # a subcommand that has nothing of its own to say about the signal
+            left = SUBCOMMANDS[argv[0]].stopped if argv[0] in SUBCOMMANDS else ""
+            print_error(f"stopped by {signal_name(e.signum)} during {argv[0]}{left}")
+            return exit_code(e.signum)
+
+
+def _dispatch(argv: list[str]) -> int:
+    row = SUBCOMMANDS.get(argv[0])
+    if row is None:
+        print_error(f"unknown subcommand {argv[0]!r}: must be one of {', '.join(map(repr, SUBCOMMANDS))}")
+        return 2
+    return importlib.import_module(row.module).main(argv)

@@ -1,25 +1,20 @@
-"""Bad command-line input as one line naming the key the user typed and what is allowed.
+"""The errors of the parsers behind ``python -m lit_ppo fit`` as one line naming the key the user typed
+and what is allowed.
 
-The parsers behind ``python -m lit_ppo fit`` each report mistakes their own multi-line way: Hydra's
-override grammar and config composition, PyYAML for ``--config`` files, jsonargparse for
-LightningCLI's typed arguments, Lightning's Trainer for accelerators, devices, strategies and
-precisions. The functions here check what can be checked before anything is instantiated and
-translate the rest into a ``ConfigError`` of one line (the CLI prints it with exit code 2).
+Each parser reports mistakes its own multi-line way: Hydra's override grammar and config composition,
+PyYAML for ``--config`` files, jsonargparse for LightningCLI's typed arguments. The functions here
+translate them into one line (the CLI prints it with exit code 2); lit_ppo.cli.check checks what can
+be checked before the parsers run.
 """
 
 from __future__ import annotations
 
-import inspect
-import logging
 import re
-import warnings
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from lit_ppo.errors import ConfigError
-from lit_ppo.utils.imports import import_object
 from lit_ppo.utils.text import did_you_mean
 
 # ---------------------------------------------------------------------------------------------
@@ -61,7 +56,8 @@ def explain_hydra_error(error: Exception, options_of) -> str:
 # --config files
 # ---------------------------------------------------------------------------------------------
 
-SECTIONS = ("model", "data", "trainer")
+FILE_SECTIONS = ("model", "data", "trainer")
+"""The sections of a ``--config`` file that its errors name (``--print_config`` writes ``seed_everything`` too)."""
 
 
 def read_config_file(value: str) -> dict:
@@ -80,11 +76,11 @@ def read_config_file(value: str) -> dict:
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise ConfigError(f"--config {value} cannot be read: {getattr(e, 'strerror', None) or e}") from None
     if loaded is None:
-        raise ConfigError(f"--config {value} is empty: expected a mapping with keys {', '.join(SECTIONS)} "
+        raise ConfigError(f"--config {value} is empty: expected a mapping with keys {', '.join(FILE_SECTIONS)} "
                           f"(write one with --print_config)")
     if not isinstance(loaded, dict):
         raise ConfigError(f"--config {value} holds a {type(loaded).__name__}, expected a mapping with keys "
-                          f"{', '.join(SECTIONS)}")
+                          f"{', '.join(FILE_SECTIONS)}")
     return loaded
 
 
@@ -131,98 +127,3 @@ def explain_parser_error(error: BaseException) -> str:
             if marker in line:
                 return line
     return lines[0] if lines else type(error).__name__
-
-
-# ---------------------------------------------------------------------------------------------
-# Lightning's Trainer arguments
-# ---------------------------------------------------------------------------------------------
-
-_DEVICE_KEYS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
-"""Trainer arguments whose combination only Lightning's accelerator connector can judge, in the order
-they are added to a probe Trainer (the first whose addition fails is the key to blame)."""
-
-
-def check_trainer(trainer: dict) -> None:
-    """Check Lightning's own arguments without building a model: names, ``max_steps``, the
-    accelerator / devices / strategy / precision combination on this machine, and the callbacks."""
-    import lightning as L
-
-    allowed = list(inspect.signature(L.Trainer.__init__).parameters)[1:]
-    for name in trainer:
-        if name not in allowed:
-            raise ConfigError(f"trainer.{name} is not a key{did_you_mean(name, allowed, prefix='trainer.')}")
-    max_steps = trainer.get("max_steps", -1)
-    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or (max_steps < 1 and max_steps != -1):
-        raise ConfigError(f"trainer.max_steps={max_steps!r} is invalid: must be a positive integer (RL iterations) "
-                          f"or -1 (no limit)")
-    _check_devices(trainer)
-    for i, spec in enumerate(trainer.get("callbacks") or []):
-        _check_callback(i, spec)
-
-
-def _check_devices(trainer: dict) -> None:
-    import lightning as L
-    from lightning.pytorch.accelerators import AcceleratorRegistry
-
-    accelerator = trainer.get("accelerator", "auto")
-    if isinstance(accelerator, str) and accelerator != "auto":
-        known = sorted(AcceleratorRegistry.available_accelerators() | {"gpu"})
-        if accelerator not in known:
-            raise ConfigError(f"trainer.accelerator={accelerator} is invalid: must be one of auto, {', '.join(known)}")
-        if not _available(AcceleratorRegistry, "cuda" if accelerator == "gpu" else accelerator):
-            here = sorted(a for a in AcceleratorRegistry.available_accelerators() if _available(AcceleratorRegistry, a))
-            raise ConfigError(f"trainer.accelerator={accelerator} is not available on this machine: available: "
-                              f"auto, {', '.join(here)}")
-    probe: dict[str, Any] = {}
-    quiet = logging.getLogger("lightning.pytorch")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)  # the probe's "GPU available: ..." lines are printed by the real run
-    try:
-        for key in _DEVICE_KEYS:
-            if key not in trainer or (key == "strategy" and not isinstance(trainer[key], str)):
-                continue
-            probe[key] = trainer[key]
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                              enable_model_summary=False, **probe)
-            except Exception as e:  # MisconfigurationException, ValueError, TypeError, ModuleNotFoundError
-                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise ConfigError(f"trainer.{key}={trainer[key]!r} is invalid here: {reason}") from None
-    finally:
-        quiet.setLevel(level)
-
-
-def _available(registry, name: str) -> bool:
-    try:
-        return bool(registry.get(name).is_available())
-    except Exception:  # e.g. the TPU accelerator raises when torch_xla is not installed
-        return False
-
-
-def _check_callback(index: int, spec: Any) -> None:
-    key = f"trainer.callbacks.{index}"
-    if not isinstance(spec, dict) or "class_path" not in spec:
-        return  # jsonargparse reports other forms with their types
-    try:
-        cls = import_object(str(spec["class_path"]), f"{key}.class_path", "Class")
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    init_args = spec.get("init_args") or {}
-    parameters = inspect.signature(cls.__init__).parameters
-    if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
-        names = [n for n in parameters if n != "self"]
-        for name in init_args:
-            if name not in names:
-                raise ConfigError(f"{key}.init_args.{name} is not an argument of {cls.__name__}"
-                                  f"{did_you_mean(name, names)}; allowed: {', '.join(names)}")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            cls(**init_args)
-    except TypeError:
-        pass  # a value of the wrong type: the argument parser names the key and the expected type
-    except Exception as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"{key} ({cls.__name__}) is invalid: {reason}") from None

@@ -3,41 +3,36 @@ checkpoint's policy as a Hugging Face model directory (``lit_ppo.run.export``)."
 
 from __future__ import annotations
 
-import argparse
-import sys
-
+from lit_ppo.cli.args import ArgParser, asks_for_help, print_error
 from lit_ppo.errors import ConfigError, RunStopped
 from lit_ppo.run.export import export
 from lit_ppo.utils.quiet import quiet_dependencies
 
-USAGE = "usage: python -m lit_ppo export --ckpt_path CKPT [--output DIR] [--adapter ADAPTER_DIR] [--overwrite]"
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise ConfigError(f"{message} ({USAGE.removeprefix('usage: ')})")
+USAGE = "python -m lit_ppo export --ckpt_path CKPT [--output DIR] [--adapter ADAPTER_DIR] [--overwrite]"
+"""Its own usage, which ``--help`` and a mistake show (``python -m lit_ppo --help`` shows the common form)."""
 
 
 def main(argv: list[str]) -> int:
-    """``export`` subcommand; returns the exit code (2 for bad input, 1 for a failed write, each with a
-    one-line message)."""
-    parser = _Parser(prog="python -m lit_ppo export", add_help=False)
+    """``export``; ``argv``: the command line after ``python -m lit_ppo``, ``export`` first. Returns the
+    exit code (2 for bad input, 1 for a failed write, each with a one-line message)."""
+    args = argv[1:]
+    if asks_for_help(args):
+        print(f"usage: {USAGE}")
+        return 0
+    parser = ArgParser(USAGE)
     parser.add_argument("--ckpt_path", required=True)
     parser.add_argument("--output")
     parser.add_argument("--adapter")
     parser.add_argument("--overwrite", action="store_true")
-    if any(a in ("-h", "--help") for a in argv):
-        print(USAGE)
-        return 0
     try:
-        args = parser.parse_args(argv)
+        options = parser.parse_args(args)
         quiet_dependencies()  # the error line, if any, is all that stderr shows
-        paths = export(args.ckpt_path, args.output, args.overwrite, args.adapter)
+        paths = export(options.ckpt_path, options.output, options.overwrite, options.adapter)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_error(str(e))
         return 2
     except RunStopped as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_error(str(e))
         return 1
-    print(f"exported {args.ckpt_path} to {' and '.join(map(str, paths))}")
+    print(f"exported {options.ckpt_path} to {' and '.join(map(str, paths))}")
     return 0

@@ -4,17 +4,13 @@ through LitPPOCLI with Ray's Lightning integration. Imports Ray: only a Ray job 
 from __future__ import annotations
 
 import os
-import tempfile
-import warnings
 
 import lightning as L
 import ray
-import yaml
 from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
 
 from lit_ppo.callbacks.graceful_stop import stop_message
-from lit_ppo.cli.fit import EXPECTED_WARNINGS, LitPPOCLI
-from lit_ppo.utils.quiet import quiet_dependencies
+from lit_ppo.cli.lightning_cli import LitPPOCLI, quiet_expected_output, write_config
 from lit_ppo.utils.stop_requests import record_signal
 
 
@@ -62,9 +58,5 @@ def fit_on_worker(job: dict) -> None:
     env (variables to set), stop (the StopRequest actor)."""
     os.chdir(job["cwd"])  # Ray starts workers in a directory of its own
     os.environ.update(job["env"])
-    for message in EXPECTED_WARNINGS:
-        warnings.filterwarnings("ignore", message=message)
-    quiet_dependencies()
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="lit_ppo_", delete=False) as handle:
-        yaml.safe_dump(job["tree"], handle, sort_keys=False)
-    RayWorkerCLI(["fit", "--config", handle.name, *job["flags"]], job["stop"])
+    quiet_expected_output()
+    RayWorkerCLI(["fit", "--config", write_config(job["tree"]), *job["flags"]], job["stop"])

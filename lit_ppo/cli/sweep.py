@@ -17,7 +17,6 @@ sweep: a second signal would make it abandon its iteration.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import signal
@@ -26,14 +25,23 @@ import sys
 import warnings
 from dataclasses import dataclass
 
+from hydra import initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+
+from lit_ppo.cli import usage
+from lit_ppo.cli.args import ArgParser, asks_for_help, print_error
+from lit_ppo.cli.check import check_config
+from lit_ppo.cli.compose import compose, conf_dir, group_options
 from lit_ppo.cli.explain import explain_hydra_error
 from lit_ppo.errors import ConfigError
 from lit_ppo.run.compare import REWARD, check_output, compare
 from lit_ppo.run.tracking import _component, _mlflow_loggers, run_name
 from lit_ppo.utils.flags import split_arguments
 
-USAGE = ("usage: python -m lit_ppo sweep key=a,b [key=range(0,3) ...] [key=value ...] [--experiment NAME] "
-         "[--metric M] [--output PNG]")
+USAGE = usage("sweep")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 RUN_ID_LINE = re.compile(r"^mlflow run id: (\S+) \((.*), experiment .*\)$")
 """What a fit prints on stderr once its MLflow run exists (lit_ppo.run.tracking.start_mlflow_runs)."""
@@ -54,14 +62,6 @@ class Combination:
 def expand(overrides: list[str]) -> list[Combination]:
     """The grid of ``overrides`` (Hydra override syntax) in BasicSweeper's order; ConfigError naming
     the override that does not parse, sweeps nothing, or sweeps a range a grid cannot (``interval``)."""
-    from hydra import initialize_config_dir
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    from lit_ppo.cli.fit import conf_dir, group_options
-
     # The config loader lets glob(...) list a config group's options, as in a Hydra multirun.
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
@@ -78,8 +78,9 @@ def expand(overrides: list[str]) -> list[Combination]:
                     raise ConfigError(f"override {text!r}: a grid sweeps a,b / range(...) / choice(...) / glob(...), "
                                       f"not {override.value_type.name.lower().replace('_', ' ')}")
                 if not list(override.sweep_string_iterator()):
+                    groups = sorted(p.name for p in conf_dir().iterdir() if p.is_dir())
                     raise ConfigError(f"override {text!r} sweeps no values (glob(...) lists a config group's "
-                                      f"options: {', '.join(sorted(p.name for p in conf_dir().iterdir() if p.is_dir()))})")
+                                      f"options: {', '.join(groups)})")
             parsed.append(override)
         (grid,) = BasicSweeper.split_arguments(parsed, max_batch_size=None)
     swept = [o.get_key_element() for o in parsed if o.is_sweep_override()]
@@ -93,8 +94,6 @@ def expand(overrides: list[str]) -> list[Combination]:
 def check(combinations: list[Combination]) -> None:
     """Compose and validate every combination as ``fit`` does (no model is loaded), so that a bad
     value in the grid fails before the first fit spends its time."""
-    from lit_ppo.cli.fit import check_config, compose
-
     for i, combination in enumerate(combinations, 1):
         where = f"[{i}/{len(combinations)}] {combination.label or 'fit'}"
         try:
@@ -154,21 +153,16 @@ def run_fit(overrides: list[str], env: dict[str, str], signals: ForwardSignals) 
     return code, run_id, uri
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise ConfigError(f"{message} ({USAGE.removeprefix('usage: ')})")
-
-
 def sweep(args: list[str]) -> int:
     """Parse, expand and check the grid, run every fit, print the comparison; the exit code."""
     overrides, flags = split_arguments(args)
-    parser = _Parser(prog="python -m lit_ppo sweep", add_help=False, allow_abbrev=False)
+    parser = ArgParser(USAGE, allow_abbrev=False)
     parser.add_argument("--experiment")
     parser.add_argument("--metric", default=REWARD)
     parser.add_argument("--output")
     options = parser.parse_args(flags)
     if not overrides:
-        raise ConfigError(f"nothing to sweep: give key=a,b overrides ({USAGE.removeprefix('usage: ')})")
+        raise ConfigError(f"nothing to sweep: give key=a,b overrides ({USAGE})")
     experiment = options.experiment or run_name("sweep")
     output = options.output or f"{_component(experiment)}.png"
     check_output(output)
@@ -198,8 +192,8 @@ def sweep(args: list[str]) -> int:
         try:
             compare(list(started), metric=options.metric, output=output, uri=uri, extra=started)
         except ConfigError as e:
-            print(f"error: {e} (the runs are in experiment {experiment}: python -m lit_ppo compare --experiment "
-                  f"{experiment})", file=sys.stderr)
+            print_error(f"{e} (the runs are in experiment {experiment}: python -m lit_ppo compare --experiment "
+                        f"{experiment})")
             if signals.received is None and not failed:
                 return 2
     if signals.received is not None:
@@ -207,18 +201,20 @@ def sweep(args: list[str]) -> int:
               file=sys.stderr)
         return 128 + signals.received
     if failed:
-        print(f"error: {len(failed)} of {total} fits failed: {'; '.join(failed)}", file=sys.stderr)
+        print_error(f"{len(failed)} of {total} fits failed: {'; '.join(failed)}")
         return 1
     return 0
 
 
 def main(argv: list[str]) -> int:
-    """``sweep`` subcommand; returns the exit code (2 for bad input, with a one-line message)."""
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.split("\n\n", 1)[0] + "\n\n" + USAGE)
+    """``sweep``; ``argv``: the command line after ``python -m lit_ppo``, ``sweep`` first. Returns the exit
+    code (2 for bad input, with a one-line message)."""
+    args = argv[1:]
+    if asks_for_help(args):
+        print(__doc__.split("\n\n", 1)[0] + "\n\nusage: " + USAGE)
         return 0
     try:
-        return sweep(argv)
+        return sweep(args)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_error(str(e))
         return 2

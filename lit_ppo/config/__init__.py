@@ -11,6 +11,7 @@ from lit_ppo.config.algo import (GAE_UNITS, IMPORTANCE_SAMPLING_LEVELS, KL_ESTIM
 from lit_ppo.config.checks import check_fields, check_value, describe, type_hints
 from lit_ppo.config.keys import LIGHTNING_NAMES, ROLLOUT_KEYS, typed_key
 from lit_ppo.config.model import DTYPES, ModelConfig
+from lit_ppo.config.rollout import RolloutConfig
 
 DEFAULT_ALGO = "custom"
 """The ``algo`` name of a run that names no preset (LitPPO's ``algo``)."""
@@ -18,5 +19,5 @@ DEFAULT_ALGO = "custom"
 __all__ = ["DEFAULT_ALGO", "DTYPES", "GAE_UNITS", "IMPORTANCE_SAMPLING_LEVELS", "KL_ESTIMATORS", "LIGHTNING_NAMES",
            "LOSS_AGG_MODES", "LR_SCHEDULES", "NORM_LEVELS", "REJECTION_ACTIONS", "REJECTION_AGGS", "REJECTION_LEVELS",
            "REJECTION_METRICS", "ROLLOUT_KEYS", "EvalConfig", "GenerationConfig", "ModelConfig", "NormConfig",
-           "OptimizerConfig", "PPOActorConfig", "PPOCriticConfig", "RejectionSamplingConfig", "check_fields",
-           "check_value", "describe", "type_hints", "typed_key"]
+           "OptimizerConfig", "PPOActorConfig", "PPOCriticConfig", "RejectionSamplingConfig", "RolloutConfig",
+           "check_fields", "check_value", "describe", "type_hints", "typed_key"]

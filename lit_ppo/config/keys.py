@@ -1,15 +1,23 @@
 """The two names of a config key: LightningCLI's dotted path (what ``--print_config`` shows) and the key
-typed on the command line (``model.actor.eps_clip`` is ``actor.eps_clip``)."""
+typed on the command line (``model.actor.eps_clip`` is ``actor.eps_clip``). One table, ``SECTIONS``,
+holds the correspondence; both directions are derived from it: ``typed_key`` (LightningCLI's name to the
+command line's, e.g. for MLflow params) and ``lightning_path`` (the command line's to LightningCLI's)."""
 
 from __future__ import annotations
 
 ROLLOUT_KEYS = ("engine", "engine_kwargs", "max_logp_gap", "max_head_offpolicyness", "num_threads", "devices")
 """The rollout group's keys: RolloutDataModule arguments under their own names (rollout.engine -> data.engine)."""
-LIGHTNING_NAMES = (("model.actor", "actor"), ("model.critic", "critic"), ("model.model", "model"),
-                   ("model.algo", "algo"), ("data.gconfig", "gconfig"), ("data.eval", "eval"),
-                   *((f"data.{key}", f"rollout.{key}") for key in ROLLOUT_KEYS),
-                   ("trainer.logger", "logger"), ("seed_everything", "seed"))
-"""Section of LightningCLI's tree (what ``--print_config`` shows) -> the key typed on the command line."""
+SECTIONS = {"actor": "model.actor", "algo": "model.algo", "critic": "model.critic", "data": "data",
+            "eval": "data.eval", "gconfig": "data.gconfig", "logger": "trainer.logger", "model": "model.model",
+            "seed": "seed_everything", "trainer": "trainer", "rollout": "data"}
+"""Section typed on the command line (a root of the Hydra config) -> where LightningCLI's tree holds it. In
+the order that error messages list them: by name, rollout last, since its keys (``ROLLOUT_KEYS``) are
+data's, set over those of the data section."""
+LIGHTNING_SECTIONS = tuple(dict.fromkeys(path.split(".")[0] for path in SECTIONS.values()))
+"""The roots of LightningCLI's tree that a config sets: model, data, trainer, seed_everything."""
+LIGHTNING_NAMES = (*((path, typed) for typed, path in SECTIONS.items() if typed not in (path, "rollout")),
+                   *((f"{SECTIONS['rollout']}.{key}", f"rollout.{key}") for key in ROLLOUT_KEYS))
+"""Section of LightningCLI's tree -> the key typed on the command line, where the two names differ."""
 
 
 def typed_key(key: str) -> str:
@@ -19,3 +27,11 @@ def typed_key(key: str) -> str:
         if key == lightning or key.startswith(lightning + "."):
             return typed + key[len(lightning):]
     return key
+
+
+def lightning_path(key: str) -> tuple[str, ...] | None:
+    """Where LightningCLI's tree holds the command line's dotted ``key``, part by part: ``actor.eps_clip``
+    -> ``("model", "actor", "eps_clip")``, ``rollout.engine`` -> ``("data", "engine")``, ``seed`` ->
+    ``("seed_everything",)``; None for a key in no section."""
+    root, *rest = key.split(".")
+    return (*SECTIONS[root].split("."), *rest) if root in SECTIONS else None

@@ -1,1 +1,2 @@
-"""Rollout: engines that sample completions and the RolloutBatch they produce."""
+"""Rollout: engines that sample completions, the workflows that turn them into the RolloutBatch of an
+iteration, and the stream of prompts and the collector that fill one batch per iteration."""

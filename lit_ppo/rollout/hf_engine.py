@@ -29,6 +29,7 @@ from typing import Iterable
 import torch
 
 from lit_ppo.config import DTYPES
+from lit_ppo.config.rollout import precision_problem
 from lit_ppo.models.sampling import allowed_mask, sampling_logits
 from lit_ppo.rollout.engine import Completion, SamplingParams
 
@@ -221,20 +222,6 @@ class HFEngine:
 
     def wake(self) -> None:
         """No-op (see ``sleep``)."""
-
-
-KWARGS = ("max_batch_size", "dtype", "autocast")
-"""The engine's settings (``rollout.engine_kwargs`` of ``rollout=hf``)."""
-
-
-def precision_problem(dtype, autocast, prefix: str = "") -> str | None:
-    """Why ``dtype`` / ``autocast`` are invalid settings of the engine (None if they are valid);
-    ``prefix`` precedes the names (``rollout.engine_kwargs.``)."""
-    if dtype not in (None, "auto", *DTYPES):
-        return f"{prefix}dtype={dtype!r} is invalid: must be one of 'auto', {', '.join(map(repr, DTYPES))} or null"
-    if autocast not in (None, "bfloat16", "float16"):
-        return f"{prefix}autocast={autocast!r} is invalid: must be 'bfloat16', 'float16' or null"
-    return None
 
 
 def _sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:

@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from lit_ppo.config.rollout import check_invalid_reward_action, check_turn_settings
 from lit_ppo.errors import RunStopped
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.engine import Completion, RolloutEngine, SamplingParams
@@ -68,17 +69,6 @@ class Episode:
                              f"{len(completion.logprobs)} log-probs")
         self.segments.append(Segment(list(completion.token_ids), list(completion.logprobs), completion.version))
         self.truncated = not completion.stopped
-
-
-INVALID_REWARD_ACTIONS = ("error", "drop")
-"""What a workflow does with a reward that is not a finite real number: raise, or record NaN so that
-the collector drops the row's whole group."""
-
-def check_invalid_reward_action(value: Any, prefix: str = "") -> None:
-    """ValueError naming ``on_invalid_reward`` (with ``prefix``, e.g. 'data.') unless it is allowed."""
-    if value not in INVALID_REWARD_ACTIONS:
-        raise ValueError(f"{prefix}on_invalid_reward={value!r} is invalid: must be one of "
-                         f"{', '.join(map(repr, INVALID_REWARD_ACTIONS))}")
 
 
 def _short(text: str, limit: int) -> str:
@@ -276,15 +266,6 @@ class _Running:
     reward: float = 0.0
     turns: int = 0
     done: bool = False
-
-
-def check_turn_settings(max_turns, turn_discount, prefix: str = "") -> None:
-    """ValueError naming ``max_turns`` / ``turn_discount`` (with ``prefix``, e.g. 'data.') if invalid."""
-    if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
-        raise ValueError(f"{prefix}max_turns={max_turns!r} is invalid: must be a positive integer")
-    if isinstance(turn_discount, bool) or not isinstance(turn_discount, (int, float)) \
-            or not 0.0 < turn_discount <= 1.0:
-        raise ValueError(f"{prefix}turn_discount={turn_discount!r} is invalid: must be a number in (0, 1]")
 
 
 class MultiTurnWorkflow:

@@ -97,8 +97,6 @@ def _experiment_source() -> str:
 def select_runs(client, experiment: str | None, run_ids: list[str] | None) -> list:
     """The runs named by ``run_ids`` (which must be in ``experiment`` when it is given) or else all
     active runs of ``experiment`` (None: the experiment runs are tracked to), in start order."""
-    from mlflow.exceptions import MlflowException
-
     uri = client.tracking_uri
     with _reading(uri):
         found = None

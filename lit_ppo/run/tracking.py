@@ -390,6 +390,12 @@ def _mlflow_settings(config: Any) -> list[tuple[type, dict]]:
             for cls, spec in _mlflow_loggers(_get(_get(config, "trainer"), "logger"))]
 
 
+def tracking_uris(config: Any) -> list[str]:
+    """The tracking URI of every MLflow logger of the parsed (or composed) ``fit`` config, as the run will
+    resolve it."""
+    return [uri for uri, _, _ in (_tracking_setting(*logger) for logger in _mlflow_settings(config)) if uri]
+
+
 def new_run_dir(config: Any) -> Path:
     """A new ``<trainer.default_root_dir>/<experiment>/<run name>`` for the parsed (or composed) ``fit``
     config: the first MLflow logger's experiment and run name, else ``<algo>-<task>-<model>``."""

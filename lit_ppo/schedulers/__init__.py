@@ -42,10 +42,10 @@ def scheduler_name(cfg: JobConfig) -> str:
     return "ray" if isinstance(cfg, RayConfig) else "slurm"
 
 
-def check_trainer(cfg: JobConfig, trainer: dict) -> None:
+def check_job_trainer(cfg: JobConfig, trainer: dict) -> None:
     """ConfigError for composed trainer settings that the job cannot run."""
     if isinstance(cfg, RayConfig):
-        ray.check_trainer(trainer)
+        ray.check_strategy(trainer)
 
 
 def job_trainer(cfg: JobConfig, trainer: dict) -> dict:

@@ -95,7 +95,7 @@ class RayConfig:
         return (self.resources_per_worker or {}).get("GPU", 0)
 
 
-def check_trainer(trainer: dict) -> None:
+def check_strategy(trainer: dict) -> None:
     """ConfigError for a ``trainer.strategy`` that Ray jobs do not run (checked before the trainer
     settings themselves, which Ray's replace)."""
     strategy = trainer.get("strategy", "auto")
@@ -108,7 +108,7 @@ def check_trainer(trainer: dict) -> None:
 def job_trainer(cfg: RayConfig, trainer: dict) -> dict:
     """The trainer settings of each worker (over those of ``trainer``): one rank on one device; the
     strategy becomes Ray's DDP on the workers."""
-    check_trainer(trainer)
+    check_strategy(trainer)
     return {"accelerator": "gpu" if cfg.gpus_per_worker else "cpu", "devices": 1, "num_nodes": 1,
             "strategy": "ddp"}
 

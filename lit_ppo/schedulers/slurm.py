@@ -44,7 +44,7 @@ from pathlib import Path
 
 from lit_ppo.config import check_fields
 from lit_ppo.errors import ConfigError
-from lit_ppo.run.tracking import JOB_RUN_DIR_ENV, new_run_dir
+from lit_ppo.run.tracking import JOB_RUN_DIR_ENV, new_run_dir, tracking_uris
 from lit_ppo.utils.flags import flag_value
 
 WARNING_S = 90
@@ -136,10 +136,22 @@ def _scheduler_override(override: str) -> bool:
     return key == "scheduler" or key.startswith("scheduler.")
 
 
+def gpu_precision(cfg: SlurmConfig, overrides: list[str], trainer: dict) -> str | None:
+    """``bf16-mixed`` for a GPU job whose trainer would run in float32 only because the submitting machine,
+    which has no GPU, resolved the presets (``trainer.precision`` not given), else None."""
+    given = any(o.lstrip("+~").split("=", 1)[0] == "trainer.precision" for o in overrides)
+    return "bf16-mixed" if cfg.gpus_per_node and not given and trainer.get("precision") == "32-true" else None
+
+
 def job_command(cfg: SlurmConfig, overrides: list[str], flags: list[str], trainer: dict) -> list[str]:
-    """What each task runs: this fit with the scheduler overrides dropped (so ``scheduler=local``) and
-    the trainer sized to the allocation, with this Python."""
-    sized = [f"trainer.{key}={value}" for key, value in job_trainer(cfg, trainer).items()]
+    """What each task runs: this fit with the scheduler overrides dropped (so ``scheduler=local``), the
+    trainer sized to the allocation and, on GPUs, in bf16-mixed unless a precision was given, with this
+    Python."""
+    settings = job_trainer(cfg, trainer)
+    precision = gpu_precision(cfg, overrides, trainer)
+    if precision is not None:
+        settings["precision"] = precision
+    sized = [f"trainer.{key}={value}" for key, value in settings.items()]
     return [sys.executable, "-m", "lit_ppo", "fit", *[o for o in overrides if not _scheduler_override(o)],
             *sized, *flags]
 
@@ -168,13 +180,31 @@ export {JOB_RUN_DIR_ENV}={shlex.quote(str(run_dir))}
 last={shlex.quote(str(last))}
 resume=()
 if [ -e "$last" ]; then resume=(--ckpt_path "$last"); fi
-srun {shlex.join(command)} "${{resume[@]}}"
+# --kill-on-bad-exit: a task that fails ends the others at once, not at the time limit.
+srun --kill-on-bad-exit=1 {shlex.join(command)} "${{resume[@]}}"
 status=$?
 # {REQUEUE_STATUS} = 128 + SIGUSR1: the time limit is near and last.ckpt is written: start the job again.
 if [ "$status" -eq {REQUEUE_STATUS} ]; then scontrol requeue "$SLURM_JOB_ID"; fi
 exit "$status"
 """
     return "#!/bin/bash\n" + "".join(f"#SBATCH {line}\n" for line in sbatch) + body
+
+
+def notes(cfg: SlurmConfig, overrides: list[str], tree: dict) -> list[str]:
+    """What the submitter should know about the job it submits: its time limit, a precision chosen for
+    its GPUs, a SQLite tracking store shared by the nodes."""
+    out = [f"time limit: {cfg.time} (scheduler.time); {WARNING_S} s before it the run saves last.ckpt and "
+           f"the job is requeued to continue"]
+    trainer = tree.get("trainer") or {}
+    if gpu_precision(cfg, overrides, trainer) is not None:
+        out.append(f"note: the job trains on {cfg.gpus_per_node} GPUs per node in trainer.precision=bf16-mixed "
+                   f"(give trainer.precision=32-true for float32)")
+    sqlite = [uri for uri in tracking_uris(tree) if uri.startswith("sqlite:")]
+    if cfg.nodes > 1 and sqlite:
+        out.append(f"warning: {cfg.nodes} nodes track to {sqlite[0]}, a SQLite file: on a shared filesystem its "
+                   f"locks may fail or stall; set MLFLOW_TRACKING_URI to an MLflow server (mlflow server) or a "
+                   f"database for multi-node jobs")
+    return out
 
 
 def submit(cfg: SlurmConfig, overrides: list[str], flags: list[str], tree: dict) -> int:
@@ -189,9 +219,12 @@ def submit(cfg: SlurmConfig, overrides: list[str], flags: list[str], tree: dict)
     run_dir = new_run_dir(tree).absolute()
     path = run_dir / "slurm" / "job.sbatch"
     path.parent.mkdir()
-    text = script(cfg, run_dir, job_command(cfg, overrides, flags, tree.get("trainer") or {}), Path.cwd())
+    trainer = tree.get("trainer") or {}
+    text = script(cfg, run_dir, job_command(cfg, overrides, flags, trainer), Path.cwd())
     path.write_text(text)
     print(f"run directory: {run_dir}\nbatch script: {path}", file=sys.stderr, flush=True)
+    for line in notes(cfg, overrides, tree):
+        print(line, file=sys.stderr, flush=True)
     if cfg.dry_run:
         print(text, end="", flush=True)
         return 0

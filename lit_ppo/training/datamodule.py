@@ -1,41 +1,42 @@
 """RolloutDataModule: prompts in, RolloutBatch objects out (generate -> reward -> filter -> fill).
 
-Each rank reads its own shard of the task's prompts (a fresh seeded permutation every epoch), asks
-its colocated engine for ``gconfig.n_samples`` completions per prompt, scores them, lets the dynamic
-filter accept or reject whole groups, and keeps pulling prompts until the batch is full. The stream
-is pulled by the training step itself, so in synchronous mode the batch of iteration k is generated
-with the weights of version k (nothing is prefetched ahead of the weight push). With
+Each rank reads its own shard of the task's prompts (``lit_ppo.rollout.stream``, a fresh seeded
+permutation every epoch), and its collector (``lit_ppo.rollout.collector``) asks the rank's colocated
+engine (``lit_ppo.rollout.engines``) for ``gconfig.n_samples`` completions per prompt, scores them, lets
+the dynamic filter accept or reject whole groups, and keeps pulling prompts until the batch is full.
+The stream is pulled by the training step itself, so in synchronous mode the batch of iteration k is
+generated with the weights of version k (nothing is prefetched ahead of the weight push). With
 ``max_head_offpolicyness`` k > 0 a producer thread (``lit_ppo.rollout.producer``) runs the same
 collection ahead of the trainer, at most k versions ahead.
+
+The data module holds the Lightning side of it: the hooks, the producer's lifecycle and the resumable
+state. Its settings are one ``RolloutConfig`` (``rollout``), which the LightningModule reads too; what it
+reads of the LightningModule is ``TrainedPolicy``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import operator
-import os
-import time
 from dataclasses import replace
-from typing import Callable, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal, Protocol
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lit_ppo.config import EvalConfig, GenerationConfig
-from lit_ppo.errors import ConfigError, RunStopped
+from lit_ppo.config import EvalConfig, GenerationConfig, RolloutConfig
+from lit_ppo.errors import ConfigError
 from lit_ppo.rollout.batch import RolloutBatch
+from lit_ppo.rollout.collector import Collector
 from lit_ppo.rollout.engine import RolloutEngine, SamplingParams
+from lit_ppo.rollout.engines import build_engine
 from lit_ppo.rollout.evaluation import SUMS, Evaluation, greedy
 from lit_ppo.rollout.producer import AsyncProducer, SharedEngine, batch_to_dict, drop_stale
-from lit_ppo.rollout.workflows import (MultiTurnWorkflow, SingleTurnWorkflow, check_invalid_reward_action,
-                                       check_turn_settings, is_multi_turn)
+from lit_ppo.rollout.stream import PromptStream, stable_seed
+from lit_ppo.rollout.workflows import MultiTurnWorkflow, SingleTurnWorkflow, is_multi_turn
 from lit_ppo.tasks import DEFAULT_TASK, build_task
 from lit_ppo.utils.imports import describe, import_object
-
-ENGINES = ("hf", "vllm")
-INVALID_REWARDS_HINT = ("rewards must be finite real numbers (data.on_invalid_reward=error stops at the first "
-                        "invalid one, naming its prompt and value)")
 
 
 def import_function(path: str, key: str) -> Callable:
@@ -47,10 +48,20 @@ def import_function(path: str, key: str) -> Callable:
     return fn
 
 
-def _seed(*parts: int) -> int:
-    """A 63-bit seed mixing the parts (stable across runs and platforms)."""
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
+class TrainedPolicy(Protocol):
+    """What the data module reads of the LightningModule that trains on its batches (``LitPPO``)."""
+
+    tokenizer: Any
+    """The policy's tokenizer: prompts are templated and tokenized with it."""
+    policy: torch.nn.Module
+    """The trained model (its config declares the context length prompts must fit)."""
+    device: torch.device
+    """The rank's device: the engine's unless ``rollout.devices`` names another."""
+    version: int
+    """Policy version: the number of completed updates."""
+
+    def full_policy(self) -> torch.nn.Module:
+        """The policy as one plain transformers model (a collective when sharded: every rank calls it)."""
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -120,45 +131,27 @@ class RolloutDataModule(L.LightningDataModule):
                  eval: EvalConfig | None = None, max_head_offpolicyness: int = 0, num_threads: int | None = None,
                  devices: list[int] | None = None):
         super().__init__()
-        if engine not in ENGINES:
-            raise ValueError(f"data.engine={engine!r} is invalid: must be one of {', '.join(map(repr, ENGINES))}")
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"data.batch_size={batch_size!r} is invalid: must be a positive integer")
-        if not isinstance(max_attempts_factor, int) or max_attempts_factor < 1:
-            raise ValueError(f"data.max_attempts_factor={max_attempts_factor!r} is invalid: must be a positive integer")
-        check_turn_settings(max_turns, turn_discount, prefix="data.")
-        check_invalid_reward_action(on_invalid_reward, prefix="data.")
-        if max_logp_gap not in (None, "auto") and (
-                isinstance(max_logp_gap, bool) or not isinstance(max_logp_gap, (int, float)) or not max_logp_gap > 0):
-            raise ValueError(f"rollout.max_logp_gap={max_logp_gap!r} is invalid: must be a positive number, 'auto' "
-                             f"or null")
-        _check_async_settings(max_head_offpolicyness, num_threads)
-        _check_devices(devices, engine)
-        _check_engine_kwargs(engine_kwargs, engine)
+        self.rollout = RolloutConfig(
+            engine=engine, engine_kwargs=engine_kwargs, batch_size=batch_size, dynamic_filter_fn=dynamic_filter_fn,
+            dynamic_bs=dynamic_bs, max_attempts_factor=max_attempts_factor, system_prompt=system_prompt, seed=seed,
+            max_turns=max_turns, turn_discount=turn_discount, on_invalid_reward=on_invalid_reward,
+            max_logp_gap=max_logp_gap, max_head_offpolicyness=max_head_offpolicyness, num_threads=num_threads,
+            devices=devices)
+        """Every rollout setting but the task, the generation and the evaluation configs."""
         self.task = build_task(task, **(task_kwargs or {}))
         self.task_spec = task
         """``data.task`` as given: a registered name or the dotted path of the user's class."""
         self.gconfig = gconfig or GenerationConfig()
-        self.batch_size = batch_size
-        self.engine_name = engine
-        self.engine_kwargs = dict(engine_kwargs or {})
-        self.dynamic_filter_fn = dynamic_filter_fn
         self.accept: Callable[[RolloutBatch], bool] | None = (
             import_function(dynamic_filter_fn, "data.dynamic_filter_fn") if dynamic_filter_fn else None)
-        self.dynamic_bs = dynamic_bs
-        self.max_attempts_factor = max_attempts_factor
-        self.system_prompt = system_prompt
-        self.seed = seed
-        self.max_turns = max_turns
-        self.turn_discount = turn_discount
-        self.on_invalid_reward = on_invalid_reward
-        self.max_logp_gap = max_logp_gap if max_logp_gap in (None, "auto") else float(max_logp_gap)
         self.eval = EvalConfig(**eval) if isinstance(eval, dict) else eval or EvalConfig()
-        self.max_head_offpolicyness = max_head_offpolicyness
-        self.num_threads = num_threads
-        self.devices = None if devices is None else list(devices)
+        self.stream = PromptStream(self.task, seed)
+        """This rank's train prompts; its position is the resumable state."""
         self.evaluation: Evaluation | None = None
         self.engine: RolloutEngine | None = None
+        self.workflow: SingleTurnWorkflow | MultiTurnWorkflow | None = None
+        self.collector: Collector | None = None
+        """Fills the batches of the fit in progress (built with its engine and workflow)."""
         self.producer: AsyncProducer | None = None
         """The producer thread of asynchronous rollouts (max_head_offpolicyness > 0), while fit runs."""
         self._queued: list[RolloutBatch] = []
@@ -166,18 +159,19 @@ class RolloutDataModule(L.LightningDataModule):
         self._trainer_threads: int | None = None
         self._resumed_queues = False
         """The checkpoint resumed from held queues: checkpoints keep them, also with k = 0."""
-        self.workflow: SingleTurnWorkflow | MultiTurnWorkflow | None = None
-        # Position in the prompt stream and the number of generate calls: the resumable state.
-        self.epoch = 0
-        self.cursor = 0
-        self.requests = 0
-        self._empty_in_a_row = 0
-        self._tried_in_a_row = 0
-        self._invalid_in_a_row = 0
-        """Groups tried, and of them dropped for invalid rewards, in the ``_empty_in_a_row`` empty batches."""
         self.collecting = False
         """True while a batch is being generated (from its first prompt until it is handed over)."""
-        self._boundary = self._position()
+        self._boundary = self.stream.position()
+
+    @property
+    def max_head_offpolicyness(self) -> int:
+        """rollout.max_head_offpolicyness, which the command line checks against the actor before fit."""
+        return self.rollout.max_head_offpolicyness
+
+    @property
+    def _trained(self) -> TrainedPolicy:
+        """The LightningModule of the trainer this data module is attached to."""
+        return self.trainer.lightning_module
 
     # ------------------------------------------------------------------ sampling distribution
     def sampling_params(self, tokenizer) -> SamplingParams:
@@ -193,12 +187,9 @@ class RolloutDataModule(L.LightningDataModule):
         """Before the first iteration (or evaluation), with the model's tokenizer at hand: the task's
         allowed completion tokens must be in its vocabulary and every prompt, with the completion
         budget, must fit the model's context; a one-line ConfigError otherwise."""
-        module = self.trainer.lightning_module if self.trainer is not None else None
-        tokenizer = getattr(module, "tokenizer", None)
-        if tokenizer is None:
-            return
-        self._check_allowed_tokens(tokenizer)
-        self._check_context(tokenizer, getattr(getattr(module, "policy", None), "config", None), stage)
+        trained = self._trained
+        self._check_allowed_tokens(trained.tokenizer)
+        self._check_context(trained.tokenizer, getattr(trained.policy, "config", None), stage)
 
     def _check_allowed_tokens(self, tokenizer) -> None:
         if not self.gconfig.restrict_to_task_tokens:
@@ -258,7 +249,7 @@ class RolloutDataModule(L.LightningDataModule):
                 raise ConfigError(f"gconfig.max_new_tokens={new} and the longest prompt ({longest} tokens, {where}) "
                                   f"need {longest + new} positions, more than {limit}: {fix}")
             return
-        turns = self.max_turns
+        turns = self.rollout.max_turns
         eos = tokenizer.eos_token_id
         markup = len(workflow.feedback_ids("", [] if eos is None else [eos]))  # a feedback turn without its text
         need = longest + turns * new + (turns - 1) * markup
@@ -273,15 +264,15 @@ class RolloutDataModule(L.LightningDataModule):
                               f"{fix}")
 
     def train_dataloader(self) -> Iterator[RolloutBatch]:
-        module = self.trainer.lightning_module
+        trained = self._trained
         if self.engine is None:
-            self.engine = self._build_engine(module)
-        self.workflow = self._workflow(module.tokenizer, self.sampling_params(module.tokenizer))
-        if self.max_head_offpolicyness == 0:
-            return self._stream()
-        if not isinstance(self.engine, SharedEngine):
+            self.engine = self._build_engine(trained)
+        self.workflow = self._workflow(trained.tokenizer, self.sampling_params(trained.tokenizer))
+        if self.rollout.max_head_offpolicyness > 0 and not isinstance(self.engine, SharedEngine):
             self.engine = SharedEngine(self.engine)
-        return self._async_stream()
+        self.collector = Collector(self.engine, self.workflow, self.stream, self.rollout, self.accept,
+                                   self.trainer.global_rank, self.trainer.world_size)
+        return self._stream() if self.rollout.max_head_offpolicyness == 0 else self._async_stream()
 
     def teardown(self, stage: str) -> None:
         self.stop_producer()
@@ -303,19 +294,19 @@ class RolloutDataModule(L.LightningDataModule):
             return torch.zeros(len(SUMS), dtype=torch.float64)
         problems = self.task.problems("test")
         # The same seed for the same problems at every evaluation: curves compare like with like.
-        seed = _seed(self.seed, -1, indices[0])
+        seed = stable_seed(self.rollout.seed, -1, indices[0])
         self.engine.wake()
         return self.evaluation.score(self.engine, [problems[i] for i in indices], seed)
 
     def _eval_batches(self) -> "EvalBatches":
         """This rank's test problem indices (every world-th), in batches of ``eval.batch_size``."""
-        module = self.trainer.lightning_module
+        trained = self._trained
         if self.engine is None:
-            self.engine = self._build_engine(module)
-        params = self.sampling_params(module.tokenizer)
+            self.engine = self._build_engine(trained)
+        params = self.sampling_params(trained.tokenizer)
         sampled = replace(params, n=self.eval.k) if self.eval.k else None
-        self.evaluation = Evaluation(self.eval, self._workflow(module.tokenizer, greedy(params)),
-                                     sampled and self._workflow(module.tokenizer, sampled))
+        self.evaluation = Evaluation(self.eval, self._workflow(trained.tokenizer, greedy(params)),
+                                     sampled and self._workflow(trained.tokenizer, sampled))
         count = self.eval_problem_count()
         mine = list(range(self.trainer.global_rank, count, self.trainer.world_size))
         batches = [mine[i:i + self.eval.batch_size] for i in range(0, len(mine), self.eval.batch_size)]
@@ -323,11 +314,21 @@ class RolloutDataModule(L.LightningDataModule):
         return EvalBatches(batches or ([[]] if count else []))
 
     def _workflow(self, tokenizer, params: SamplingParams) -> SingleTurnWorkflow | MultiTurnWorkflow:
+        cfg = self.rollout
         if is_multi_turn(self.task):
-            return MultiTurnWorkflow(tokenizer, self.task, params, self.max_turns, self.turn_discount,
-                                     self.system_prompt, self.on_invalid_reward)
-        return SingleTurnWorkflow(tokenizer, self.task, params, self.system_prompt, self.on_invalid_reward)
+            return MultiTurnWorkflow(tokenizer, self.task, params, cfg.max_turns, cfg.turn_discount,
+                                     cfg.system_prompt, cfg.on_invalid_reward)
+        return SingleTurnWorkflow(tokenizer, self.task, params, cfg.system_prompt, cfg.on_invalid_reward)
 
+    def _build_engine(self, trained: TrainedPolicy) -> RolloutEngine:
+        policy = trained.full_policy()  # the policy, or a model of its gathered / merged weights
+        trainer = self.trainer
+        return build_engine(self.rollout, policy, trained.tokenizer, is_trained_policy=policy is trained.policy,
+                            device=trained.device, autocast=_trainer_autocast(trainer),
+                            global_rank=trainer.global_rank, local_rank=trainer.local_rank,
+                            world_size=trainer.world_size, version=trained.version)
+
+    # ------------------------------------------------------------------ resumable state
     def state_dict(self) -> dict:
         """The prompt-stream position and, with asynchronous rollouts, the batches generated ahead,
         one list per rank (``queues``): a resume trains on exactly those, then continues the stream
@@ -338,8 +339,8 @@ class RolloutDataModule(L.LightningDataModule):
         elif self.collecting:  # an abandoned batch: resume where the last completed one left the stream
             position, queued = dict(self._boundary), self._queued
         else:
-            position, queued = self._position(), self._queued
-        if not (self.max_head_offpolicyness > 0 or self._resumed_queues):
+            position, queued = self.stream.position(), self._queued
+        if not (self.rollout.max_head_offpolicyness > 0 or self._resumed_queues):
             return position
         mine = [batch_to_dict(b) for b in queued]
         world = self.trainer.world_size if self.trainer is not None else 1
@@ -349,11 +350,8 @@ class RolloutDataModule(L.LightningDataModule):
             torch.distributed.all_gather_object(queues, mine)
         return {**position, "queues": queues}
 
-    def _position(self) -> dict:
-        return {"epoch": self.epoch, "cursor": self.cursor, "requests": self.requests}
-
     def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.cursor, self.requests = state["epoch"], state["cursor"], state["requests"]
+        self.stream.restore(state)
         queues = state.get("queues") or []
         self._resumed_queues = bool(queues)
         world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
@@ -363,135 +361,16 @@ class RolloutDataModule(L.LightningDataModule):
             queues = []
         self._queued = [RolloutBatch(**batch) for batch in (queues[rank] if queues else [])]
 
-    def _build_engine(self, module) -> RolloutEngine:
-        policy = module.full_policy()  # the policy, or a model of its gathered / merged weights
-        if self.engine_name == "hf":
-            from lit_ppo.rollout.hf_engine import HFEngine
-
-            device = module.device if self.devices is None else self._engine_device()
-            # Under trainer.precision=bf16-mixed / 16-mixed the engine autocasts as the trainer does, on
-            # every thread (the producer's does not inherit the trainer's autocast): same log-probs.
-            kwargs = {"autocast": _trainer_autocast(self.trainer), **self.engine_kwargs}
-            # Synchronously, sampling and training take turns: the engine samples from the policy
-            # itself (no second copy of the weights) unless it needs one of its own: in another dtype
-            # or on another device, beside a producer thread's training, or a gathered / merged model.
-            share = (policy is module.policy and self.max_head_offpolicyness == 0 and self.devices is None
-                     and kwargs.get("dtype") in (None, "auto"))
-            engine = HFEngine(policy, module.tokenizer, device=device, share_weights=share, **kwargs)
-        else:
-            from lit_ppo.rollout.vllm_engine import VLLMEngine
-
-            if self.trainer.world_size > 1:
-                # One engine per rank through vLLM's external launcher, which reads the torchrun
-                # variables; Lightning's own launcher does not set RANK.
-                os.environ.update(RANK=str(self.trainer.global_rank), LOCAL_RANK=str(self.trainer.local_rank),
-                                  WORLD_SIZE=str(self.trainer.world_size))
-            engine = VLLMEngine(policy, module.tokenizer, seed=self.seed + self.trainer.global_rank,
-                                **self.engine_kwargs)
-        engine.version = module.version
-        return engine
-
     # ------------------------------------------------------------------ the stream
-    def _shard(self) -> list[int]:
-        """This rank's prompt indices for the current epoch."""
-        problems = self.task.problems("train")
-        order = torch.randperm(len(problems), generator=torch.Generator().manual_seed(_seed(self.seed, self.epoch)))
-        rank, world = self.trainer.global_rank, self.trainer.world_size
-        return order[rank::world].tolist()
-
-    def _next_problems(self, k: int):
-        problems = self.task.problems("train")
-        out = []
-        while len(out) < k:
-            shard = self._shard()
-            if not shard:
-                raise ValueError(f"task {self.task.name!r} has fewer train problems than ranks")
-            take = shard[self.cursor:self.cursor + k - len(out)]
-            out += [problems[i] for i in take]
-            self.cursor += len(take)
-            if self.cursor >= len(shard):
-                self.epoch, self.cursor = self.epoch + 1, 0
-        return out
-
-    def _engine_device(self) -> torch.device:
-        local_rank = self.trainer.local_rank
-        if local_rank >= len(self.devices):
-            raise ValueError(f"rollout.devices={self.devices} has no device for local rank {local_rank}: list one "
-                             f"CUDA device per rank of a node")
-        return torch.device("cuda", self.devices[local_rank])
-
     def _stream(self) -> Iterator[RolloutBatch]:
         while self._queued:  # a checkpoint of asynchronous training: its generated batches first
             yield self._hand_over(self._queued.pop(0), {})
         while True:
-            self._boundary = self._position()
+            self._boundary = self.stream.position()
             self.collecting = True  # stays True if generation is interrupted: the batch never completed
-            batch = self.collect()
+            batch = self.collector.collect()
             self.collecting = False
             yield batch
-
-    def collect(self) -> RolloutBatch:
-        """One iteration's batch: generate, score and filter groups until it is full."""
-        start = time.perf_counter()
-        self.engine.wake()
-        accepted: list[RolloutBatch] = []
-        tried = rejected = invalid = 0
-        limit = self.batch_size * self.max_attempts_factor
-        while True:
-            wanted = self.batch_size - (tried if self.dynamic_bs else len(accepted))
-            if wanted <= 0:
-                break
-            if not self.dynamic_bs and tried >= limit:
-                shortfall = (f"fewer than data.batch_size={self.batch_size} within data.max_attempts_factor="
-                             f"{self.max_attempts_factor}")
-                if self.accept is None or invalid == tried:  # no filter to blame: invalid rewards emptied the batch
-                    lead = (f"every one of the {tried} groups tried was" if invalid == tried else
-                            f"{invalid} of the {tried} groups tried were")
-                    raise RunStopped(f"{lead} dropped for an invalid reward (data.on_invalid_reward=drop), "
-                                     f"{len(accepted)} accepted, {shortfall}: {INVALID_REWARDS_HINT}")
-                dropped = f" ({invalid} dropped for invalid rewards, data.on_invalid_reward=drop)" if invalid else ""
-                raise RunStopped(
-                    f"data.dynamic_filter_fn={self.dynamic_filter_fn!r} accepted {len(accepted)} of {tried} groups"
-                    f"{dropped}, {shortfall}: loosen the filter, raise the factor, or use data.dynamic_bs=true")
-            seed = _seed(self.seed, self.trainer.global_rank, self.requests)
-            self.requests += 1
-            rollout = self.workflow.run(self.engine, self._next_problems(wanted), seed=seed)
-            for g in range(rollout.num_groups):
-                group = rollout.select_groups([g])
-                tried += 1
-                # Only data.on_invalid_reward=drop lets a non-finite reward get here (as NaN); the
-                # filter never sees such a group.
-                if not bool(torch.isfinite(group.rewards).all()):
-                    invalid += 1
-                elif self.accept is None or self.accept(group):
-                    accepted.append(group)
-                else:
-                    rejected += 1
-        self.engine.sleep()  # frees accelerator memory for the update (where the engine supports it)
-        metrics = {"rollout/accepted": float(len(accepted)), "rollout/rejected": float(rejected),
-                   "rollout/invalid_rewards": float(invalid),
-                   "time/generate_s": time.perf_counter() - start}
-        if not accepted:
-            self._empty_in_a_row += 1
-            self._tried_in_a_row += tried
-            self._invalid_in_a_row += invalid
-            if self._empty_in_a_row >= self.max_attempts_factor:
-                iterations = (f"{self._empty_in_a_row} consecutive iterations (data.max_attempts_factor="
-                              f"{self.max_attempts_factor}")
-                if self._invalid_in_a_row == self._tried_in_a_row:  # no filter to blame
-                    raise RunStopped(f"every one of the {self._tried_in_a_row} groups tried in {iterations}) was "
-                                     f"dropped for an invalid reward (data.on_invalid_reward=drop): "
-                                     f"{INVALID_REWARDS_HINT}")
-                dropped = f", the last dropped {invalid} for invalid rewards" if invalid else ""
-                raise RunStopped(
-                    f"data.dynamic_filter_fn={self.dynamic_filter_fn!r} accepted no group in {iterations}{dropped}): "
-                    f"loosen the filter")
-            batch = _empty_batch()
-        else:
-            self._empty_in_a_row = self._tried_in_a_row = self._invalid_in_a_row = 0
-            batch = RolloutBatch.concat(accepted, pad_id=self.workflow.pad_id)
-        batch.metrics = metrics
-        return batch
 
     # ------------------------------------------------------------------ asynchronous rollouts
     def _async_stream(self) -> Iterator[RolloutBatch]:
@@ -504,23 +383,23 @@ class RolloutDataModule(L.LightningDataModule):
 
     def _hand_over(self, batch: RolloutBatch, metrics: dict[str, float]) -> RolloutBatch:
         """``batch`` without groups older than the bound, with the hand-over's metrics."""
-        version = self.trainer.lightning_module.version
-        batch, dropped = drop_stale(batch, version, self.max_head_offpolicyness)
+        batch, dropped = drop_stale(batch, self._trained.version, self.rollout.max_head_offpolicyness)
         batch.metrics = {**batch.metrics, **metrics, "rollout/dropped_stale": float(dropped)}
         return batch
 
     def _start_producer(self) -> None:
         trainer = self.trainer
         total = torch.get_num_threads()
-        threads = self.num_threads or max(1, total // 2)
+        threads = self.rollout.num_threads or max(1, total // 2)
         self._trainer_threads = total
         torch.set_num_threads(max(1, total - threads))  # the trainer's thread (the producer sets its own)
 
         def remaining_iterations() -> int | None:
             return trainer.max_steps - trainer.global_step if trainer.max_steps > 0 else None
 
-        self.producer = AsyncProducer(self.collect, self._position, self.max_head_offpolicyness, threads,
-                                      remaining_iterations, queued=self._queued)
+        self.producer = AsyncProducer(self.collector.collect, self.stream.position,
+                                      self.rollout.max_head_offpolicyness, threads, remaining_iterations,
+                                      queued=self._queued)
         self._queued = []
         self.producer.start()
 
@@ -536,7 +415,7 @@ class RolloutDataModule(L.LightningDataModule):
             return
         self.producer.close(wait)
         position, self._queued = self.producer.state(finish_batch=wait)
-        self.epoch, self.cursor, self.requests = position["epoch"], position["cursor"], position["requests"]
+        self.stream.restore(position)
         self._boundary = position  # what state_dict reports while collecting (an abandoned iteration)
         self.producer = None
         torch.set_num_threads(self._trainer_threads)
@@ -558,58 +437,13 @@ def _context_length(config) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _check_async_settings(max_head_offpolicyness, num_threads) -> None:
-    k = max_head_offpolicyness
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ValueError(f"rollout.max_head_offpolicyness={k!r} is invalid: must be an integer >= 0 "
-                         f"(0: synchronous)")
-    if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
-                                    or num_threads < 1):
-        raise ValueError(f"rollout.num_threads={num_threads!r} is invalid: must be a positive integer or null")
-
-
-def _check_engine_kwargs(engine_kwargs, engine: str) -> None:
-    """The settings of rollout=hf's engine (vLLM checks its own when it starts)."""
-    if engine_kwargs is not None and not isinstance(engine_kwargs, dict):
-        raise ValueError(f"rollout.engine_kwargs={engine_kwargs!r} is invalid: must be a mapping of engine settings")
-    if engine != "hf" or not engine_kwargs:
-        return
-    from lit_ppo.rollout.hf_engine import KWARGS, precision_problem
-
-    for name in engine_kwargs:
-        if name not in KWARGS:
-            raise ValueError(f"rollout.engine_kwargs.{name} is not a setting of rollout=hf; allowed: "
-                             f"{', '.join(sorted(KWARGS))}")
-    size = engine_kwargs.get("max_batch_size", 1)
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"rollout.engine_kwargs.max_batch_size={size!r} is invalid: must be a positive integer")
-    problem = precision_problem(engine_kwargs.get("dtype"), engine_kwargs.get("autocast"), "rollout.engine_kwargs.")
-    if problem:
-        raise ValueError(problem)
-
-
 def _trainer_autocast(trainer) -> str | None:
     """The autocast dtype of ``trainer``'s precision ('bfloat16' for bf16-mixed, 'float16' for 16-mixed),
     None without autocast (32-true, bf16-true, ...)."""
-    from lightning.pytorch.plugins.precision import MixedPrecision
-
     plugin = getattr(trainer, "precision_plugin", None)
     if not isinstance(plugin, MixedPrecision):
         return None
     return "bfloat16" if plugin.precision == "bf16-mixed" else "float16"
-
-
-def _check_devices(devices, engine: str) -> None:
-    if devices is None:
-        return
-    if (not isinstance(devices, (list, tuple)) or not devices
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices)):
-        raise ValueError(f"rollout.devices={devices!r} is invalid: must be a list of CUDA device indices or null")
-    if engine != "hf":
-        raise ValueError(f"rollout.devices needs rollout=hf: the {engine} engine shares its rank's device")
-    available = torch.cuda.device_count()
-    if max(devices) >= available:
-        raise ValueError(f"rollout.devices={list(devices)}: this machine has {available} CUDA device(s)")
 
 
 class EvalBatches:
@@ -624,12 +458,3 @@ class EvalBatches:
 
     def __len__(self) -> int:
         return len(self.batches)
-
-
-def _empty_batch() -> RolloutBatch:
-    empty_long = torch.zeros(0, 0, dtype=torch.long)
-    empty_bool = torch.zeros(0, 0, dtype=torch.bool)
-    return RolloutBatch(input_ids=empty_long, attention_mask=empty_bool, loss_mask=empty_bool,
-                        behave_logp=torch.zeros(0, 0), versions=empty_long, turn_ids=empty_long,
-                        rewards=torch.zeros(0), truncated=torch.zeros(0, dtype=torch.bool),
-                        group_sizes=torch.zeros(0, dtype=torch.long))

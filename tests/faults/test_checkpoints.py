@@ -49,7 +49,7 @@ def run_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkpoints")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LIT_PPO_CACHE", str(root / "cache"))
-        from lit_ppo.cli.fit import run
+        from lit_ppo.cli.fit import main as run
 
         assert run(["fit", *ARGS, "trainer.max_steps=1", f"trainer.default_root_dir={root / 'run'}"]) == 0
         yield root
@@ -64,7 +64,7 @@ def good(run_dir) -> Path:
 @pytest.fixture(scope="module")
 def tree():
     """LightningCLI's tree of the run that made ``good``."""
-    from lit_ppo.cli.fit import compose
+    from lit_ppo.cli.compose import compose
 
     return compose(ARGS + ["trainer.max_steps=1"])
 
@@ -356,7 +356,7 @@ def test_ckpt_path_is_found_in_flags_and_config():
 def test_cli_refuses_before_a_model_loads_and_resumes_a_good_checkpoint(good, tree, run_dir, tmp_path, monkeypatch,
                                                                          capsys):
     from lit_ppo.training import module
-    from lit_ppo.cli.fit import run
+    from lit_ppo.cli.fit import main as run
 
     monkeypatch.setenv("LIT_PPO_CACHE", str(run_dir / "cache"))
     truncated = tmp_path / "truncated.ckpt"

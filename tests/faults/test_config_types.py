@@ -12,7 +12,9 @@ import pytest
 
 import lit_ppo.config
 from lit_ppo.__main__ import main
-from lit_ppo.cli.fit import ROLLOUT_KEYS, compose, check_config
+from lit_ppo.cli.check import check_config
+from lit_ppo.cli.compose import compose
+from lit_ppo.config.keys import ROLLOUT_KEYS, typed_key
 from lit_ppo.errors import ConfigError
 from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.config import ModelConfig
@@ -23,8 +25,9 @@ pytestmark = pytest.mark.usefixtures("no_model_loading")
 
 SECTIONS = {"NormConfig": "", "RejectionSamplingConfig": "rejection_sampling.", "OptimizerConfig": "optimizer.",
             "PPOActorConfig": "", "PPOCriticConfig": "critic.", "GenerationConfig": "gconfig.", "EvalConfig": "eval.",
-            "ModelConfig": "model.", "SlurmConfig": "scheduler.", "RayConfig": "scheduler."}
-"""Config dataclass -> the prefix its own errors give a field (the CLI adds ``actor.`` to the actor's)."""
+            "ModelConfig": "model.", "SlurmConfig": "scheduler.", "RayConfig": "scheduler.", "RolloutConfig": "data."}
+"""Config dataclass -> the prefix its own errors give a field (the CLI adds ``actor.`` to the actor's); a key
+of the rollout group is named as typed, ``rollout.<key>`` (``typed_key``)."""
 CONFIGS = sorted({cls for _, cls in inspect.getmembers(lit_ppo.config, dataclasses.is_dataclass)
                   if cls.__module__.startswith("lit_ppo.config.")} | {ModelConfig} | {c for c in SCHEDULERS.values() if c},
                  key=lambda cls: cls.__name__)
@@ -125,8 +128,8 @@ def test_every_field_of_every_config_refuses_a_wrong_type(cls):
         value = wrong_value(hints[f.name])
         with pytest.raises(ValueError) as error:
             cls(**{f.name: value})
-        assert str(error.value).startswith(f"{SECTIONS[cls.__name__]}{f.name}={value!r} is invalid: must be "), (
-            f.name, str(error.value))
+        key = typed_key(f"{SECTIONS[cls.__name__]}{f.name}")
+        assert str(error.value).startswith(f"{key}={value!r} is invalid: must be "), (f.name, str(error.value))
 
 
 @pytest.mark.parametrize("cls", [c for c in CONFIGS if any(

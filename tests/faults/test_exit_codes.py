@@ -155,14 +155,14 @@ def test_argparse_exiting_in_user_code_is_blamed_on_the_user_function(tmp_path):
 def test_every_subcommand_exits_with_the_signal_code(monkeypatch, capfd, signum):
     """A subcommand without signal handling of its own (compare here) still ends with 128 + the signal
     and one line: the signal is real, delivered to this process while the subcommand runs."""
-    import lit_ppo.run.compare
+    import lit_ppo.cli.compare
 
     def busy(argv):
         os.kill(os.getpid(), signum)
         time.sleep(5)
         raise AssertionError("the signal did not stop the command")
 
-    monkeypatch.setattr(lit_ppo.run.compare, "main", busy)
+    monkeypatch.setattr(lit_ppo.cli.compare, "main", busy)  # what lit_ppo.cli.main runs for compare
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
     assert main(["compare"]) == 128 + signum
     assert capfd.readouterr().err == f"error: stopped by {signal.Signals(signum).name} during compare: no table\n"

@@ -8,10 +8,11 @@ import warnings
 import pytest
 import torch
 
-from lit_ppo.cli.fit import compose
-from lit_ppo.config import GenerationConfig, NormConfig, PPOActorConfig, RejectionSamplingConfig
+from lit_ppo.cli.compose import compose
+from lit_ppo.config import GenerationConfig, NormConfig, PPOActorConfig, RejectionSamplingConfig, RolloutConfig
 from lit_ppo.training.datamodule import RolloutDataModule
-from lit_ppo.training.module import LitPPO, _LogpGapCheck
+from lit_ppo.training.guards import LogpGapCheck
+from lit_ppo.training.module import LitPPO
 from lit_ppo.config import ModelConfig
 from lit_ppo.rollout.hf_engine import HFEngine
 
@@ -72,18 +73,18 @@ def test_null_disables_the_check(tmp_path, stale_engine):
 
 
 def test_the_hint_names_lower_precision():
-    fp32 = _LogpGapCheck(1e-3, "vllm", []).message(0.0123, 4)
+    fp32 = LogpGapCheck(1e-3, "vllm", []).message(0.0123, 4)
     assert fp32.startswith("rollout=vllm: behaviour log-probs differ from the trainer's by 0.0123 nats/token "
                            "(> rollout.max_logp_gap=0.001) at policy version 4")
     assert "rollout.max_logp_gap=null" in fp32
-    bf16 = _LogpGapCheck(1e-3, "vllm", ["rollout.engine_kwargs.dtype=bfloat16"]).message(0.02, 1)
+    bf16 = LogpGapCheck(1e-3, "vllm", ["rollout.engine_kwargs.dtype=bfloat16"]).message(0.02, 1)
     assert "rollout.engine_kwargs.dtype=bfloat16 computes in lower precision" in bf16 and "\n" not in bf16
     assert "not sampling from the trainer's weights" not in bf16  # rounding, not a stale engine
 
 
 def test_under_lower_precision_the_error_recommends_the_decoupled_loss_and_rejection_sampling():
     lower = ["trainer.precision=bf16-mixed"]
-    on_policy = _LogpGapCheck(1e-3, "hf", lower).message(0.03, 0)
+    on_policy = LogpGapCheck(1e-3, "hf", lower).message(0.03, 0)
     assert on_policy.startswith("rollout=hf: behaviour log-probs differ from the trainer's by 0.03 nats/token "
                                 "(> rollout.max_logp_gap=0.001) at policy version 0: trainer.precision=bf16-mixed "
                                 "computes in lower precision")
@@ -91,24 +92,24 @@ def test_under_lower_precision_the_error_recommends_the_decoupled_loss_and_rejec
                 "actor.use_decoupled_loss=true and actor.rejection_sampling", "algo=icepop / algo=kpop",
                 "raise rollout.max_logp_gap, e.g. 0.1, or set it to null"):
         assert fix in on_policy, fix
-    decoupled = _LogpGapCheck(1e-3, "hf", lower, decoupled=True).message(0.03, 0)
+    decoupled = LogpGapCheck(1e-3, "hf", lower, decoupled=True).message(0.03, 0)
     assert "actor.use_decoupled_loss corrects for it; add rejection sampling, rejection=icepop" in decoupled
-    both = _LogpGapCheck(0.1, "hf", lower, decoupled=True, rejection=True).message(0.3, 0)
+    both = LogpGapCheck(0.1, "hf", lower, decoupled=True, rejection=True).message(0.3, 0)
     assert both.endswith("(actor.use_decoupled_loss and actor.rejection_sampling correct for it: raise "
                          "rollout.max_logp_gap, e.g. 0.6, or set it to null)")
     assert all("\n" not in m for m in (on_policy, decoupled, both))
 
 
 def test_under_lower_precision_a_gap_within_a_raised_limit_warns_once():
-    check = _LogpGapCheck(0.1, "hf", ["rollout.engine_kwargs.dtype=bfloat16"])
+    check = LogpGapCheck(0.1, "hf", ["rollout.engine_kwargs.dtype=bfloat16"])
     assert check.warning(5e-4, 0) is None  # float32-level agreement
     warning = check.warning(0.006, 1)
     assert warning.startswith("rollout=hf: behaviour log-probs differ from the trainer's by 0.006 nats/token at "
                               "policy version 1 (rollout.engine_kwargs.dtype=bfloat16)")
     assert "use the decoupled loss with rejection sampling (rejection=icepop or rejection=kpop" in warning
     assert check.warning(0.006, 2) is None  # once per run
-    assert _LogpGapCheck(0.1, "hf", ["x"], decoupled=True).warning(0.006, 1) is None
-    assert _LogpGapCheck(0.1, "hf", []).warning(0.006, 1) is None  # float32: the limit is the only rule
+    assert LogpGapCheck(0.1, "hf", ["x"], decoupled=True).warning(0.006, 1) is None
+    assert LogpGapCheck(0.1, "hf", []).warning(0.006, 1) is None  # float32: the limit is the only rule
 
 
 BF16_ENGINE = {"dtype": "bfloat16"}
@@ -126,15 +127,8 @@ def test_a_bfloat16_engine_stops_the_run_at_a_float32_limit_with_the_recommendat
 
 
 def test_auto_is_the_float32_limit_in_float32_and_the_lower_precision_one_otherwise():
-    class Data:
-        max_logp_gap, engine_name, engine_kwargs = "auto", "hf", {}
-
     def check(precision="32-true", dtype="float32", **engine_kwargs):
-        module = LitPPO(ModelConfig(dtype=dtype), PPOActorConfig(), algo="test")
-        module._trainer = type("T", (), {"precision": precision})()
-        data = Data()
-        data.engine_kwargs = engine_kwargs
-        return _LogpGapCheck.of(module, data)
+        return LogpGapCheck.of(RolloutConfig(engine_kwargs=engine_kwargs), dtype, precision, PPOActorConfig())
 
     assert (check().limit, check().setting) == (1e-3, "auto: 0.001 in float32")
     for lower in (check("bf16-mixed"), check(dtype="bfloat16"), check(autocast="bfloat16"),

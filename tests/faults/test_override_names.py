@@ -10,9 +10,10 @@ import pytest
 import torch
 import yaml
 
-import lit_ppo.cli.fit as cli_module
 from lit_ppo.__main__ import main
-from lit_ppo.cli.fit import compose, evaluation_tree
+from lit_ppo.cli.compose import compose
+from lit_ppo.cli.fit import evaluation_tree
+from lit_ppo.cli.lightning_cli import LitPPOCLI
 from lit_ppo.errors import ConfigError
 from lit_ppo.run.resume import CONFIG_STATE_KEY
 from lit_ppo.run.tracking import config_params
@@ -89,7 +90,7 @@ def test_the_offpolicyness_under_its_printed_name_needs_the_decoupled_loss(capsy
     (["model.algo=ppo"], "model.algo=ppo cannot be set here: the algo preset sets it: use algo=ppo (one of dapo,"),
     (["model.algo=mine"], "model.algo=mine cannot be set here: the algo preset sets it: use algo=<option>"),
     (["trainer.logger=false"], "trainer.logger=false cannot be set here: the logger preset sets it: use logger=none "
-     "(one of csv, mlflow, none, tensorboard)"),
+     "(one of csv, mlflow, none, tensorboard, wandb)"),
     (["model.model=smollm2"], "model.model=smollm2 cannot be set here: the model preset sets it: use model=smollm2"),
     (["ckpt_path=runs/x/last.ckpt"], "ckpt_path is not a config key: give the flag --ckpt_path runs/x/last.ckpt"),
     (["logger=none", "logger.init_args.run_name=x"], "logger.init_args is given without a logger (logger=none)"),
@@ -106,7 +107,7 @@ def test_names_that_cannot_work_are_refused_naming_the_one_to_use(capsys, args, 
 
 
 def test_suggestions_never_repeat_the_key():
-    from lit_ppo.cli.fit import _suggest
+    from lit_ppo.cli.compose import _suggest
 
     assert _suggest("model.model.lora_rank") == "" and _suggest("actor.eps_clip") == ""
     assert _suggest("model.model.lora_rnk") == " (did you mean model.model.lora_rank?)"
@@ -142,7 +143,7 @@ def parsed_default(tmp_path_factory):
         raise ConfigError("caught")
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cli_module.LitPPOCLI, "before_instantiate_classes", capture)
+        patch.setattr(LitPPOCLI, "before_instantiate_classes", capture)
         patch.chdir(tmp_path_factory.mktemp("default"))
         assert main(["fit"]) == 2
     return captured["tree"]

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from lit_ppo.__main__ import main
-from lit_ppo.cli.fit import compose, check_config
+from lit_ppo.cli.check import check_config
+from lit_ppo.cli.compose import compose
 from lit_ppo.run.tracking import new_run_dir
 from tests.integration.conftest import run_cli
 

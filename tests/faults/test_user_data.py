@@ -16,10 +16,11 @@ import torch
 from lit_ppo.training.checkpoint_io import DIGEST_KEY, scan
 from lit_ppo.training.record import RECORD_KEY
 from lit_ppo.run.resume import check_resume
-from lit_ppo.cli.fit import compose
+from lit_ppo.cli.compose import compose
 from lit_ppo.errors import ConfigError
 from lit_ppo.config import GenerationConfig
 from lit_ppo.training.datamodule import RolloutDataModule
+from lit_ppo.rollout.collector import Collector
 from lit_ppo.errors import RunStopped
 from lit_ppo.models import TinyModelConfig, build_tiny_tokenizer
 from lit_ppo.tasks import ArithmeticTask, CalculatorTask
@@ -170,39 +171,36 @@ class AnsweringEngine(GroupEngine, FakeEngineBase):
     """Answers every prompt at once (``GroupEngine``), with the engine methods the collector calls."""
 
 
-def collector(tmp_path, reward: str, **kwargs) -> RolloutDataModule:
-    """A datamodule whose engine answers at once, on the rows 1+1=, 2+2=, 3+3=, 4+4=."""
+def collector(tmp_path, reward: str, **kwargs) -> Collector:
+    """The collector of a datamodule's settings whose engine answers at once, on the rows 1+1=, 2+2=, 3+3=, 4+4=."""
     (tmp_path / "t.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n"
                                               for i in range(1, 5)))
     data = RolloutDataModule(task="dataset", task_kwargs={"train_path": str(tmp_path / "t.jsonl"),
                                                           "reward_fns": [f"{__name__}.{reward}"]},
-                             gconfig=GenerationConfig(n_samples=2, max_new_tokens=1), batch_size=2,
-                             on_invalid_reward="drop", **{"max_attempts_factor": 2, **kwargs})
-    data.trainer = SimpleNamespace(global_rank=0, world_size=1)
-    data.engine = AnsweringEngine()
-    data.workflow = data._workflow(DigitTokenizer(), data.sampling_params(DigitTokenizer()))
-    return data
+                             gconfig=GenerationConfig(n_samples=2, max_new_tokens=1), on_invalid_reward="drop",
+                             **{"batch_size": 2, "max_attempts_factor": 2, **kwargs})
+    workflow = data._workflow(DigitTokenizer(), data.sampling_params(DigitTokenizer()))
+    return Collector(AnsweringEngine(), workflow, data.stream, data.rollout, data.accept)
 
 
 def test_dynamic_batches_emptied_by_invalid_rewards(tmp_path):
-    data = collector(tmp_path, "nothing", dynamic_bs=True)
-    assert data.collect().num_groups == 0  # the first empty batch is skipped
+    rollouts = collector(tmp_path, "nothing", dynamic_bs=True)
+    assert rollouts.collect().num_groups == 0  # the first empty batch is skipped
     with pytest.raises(RunStopped) as stopped:
-        data.collect()
+        rollouts.collect()
     assert str(stopped.value).startswith(
         "every one of the 4 groups tried in 2 consecutive iterations (data.max_attempts_factor=2) was dropped for "
         "an invalid reward (data.on_invalid_reward=drop): rewards must be finite real numbers")
 
 
 def test_a_filter_is_not_blamed_for_invalid_rewards(tmp_path):
-    data = collector(tmp_path, "nothing", dynamic_filter_fn="lit_ppo.rollout.filters.mixed_outcomes")
+    rollouts = collector(tmp_path, "nothing", dynamic_filter_fn="lit_ppo.rollout.filters.mixed_outcomes")
     with pytest.raises(RunStopped, match=r"^every one of the 4 groups tried was dropped for an invalid reward"):
-        data.collect()
+        rollouts.collect()
     # Without a filter, some groups valid, too few: the invalid ones are counted, no filter named.
-    data = collector(tmp_path, "half_invalid", max_attempts_factor=1)
-    data.batch_size = 4
+    rollouts = collector(tmp_path, "half_invalid", max_attempts_factor=1, batch_size=4)
     with pytest.raises(RunStopped) as stopped:
-        data.collect()
+        rollouts.collect()
     assert str(stopped.value).startswith("1 of the 4 groups tried were dropped for an invalid reward "
                                          "(data.on_invalid_reward=drop), 3 accepted, fewer than data.batch_size=4")
     assert "dynamic_filter_fn" not in str(stopped.value)

@@ -22,9 +22,10 @@ COLUMNS = ["run", "id", "algo", "seed", "iterations", "final reward", "best rewa
 
 
 def table(stdout: str) -> dict[str, dict[str, str]]:
-    """``{run name: {column: cell}}`` of the compare table in ``stdout``."""
+    """``{run name: {column: cell}}`` of the compare table in ``stdout`` (a sweep's holds each fit's run
+    summary before it, whose first line starts with ``run`` too)."""
     lines = stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("run "))
+    start = next(i for i, line in enumerate(lines) if re.split(r"\s{2,}", line.strip())[:2] == COLUMNS[:2])
     header = re.split(r"\s{2,}", lines[start].strip())
     rows = {}
     for line in lines[start + 2:]:
@@ -117,7 +118,7 @@ def test_compare_runs_selects_exactly_those_runs(swept, monkeypatch, capsys, tmp
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", swept.uri)
     chosen = swept.runs[:1]  # one of the two
-    assert main(["--runs", *(r.info.run_id for r in chosen), "--output", str(tmp_path / "two.png")]) == 0
+    assert main(["compare", "--runs", *(r.info.run_id for r in chosen), "--output", str(tmp_path / "two.png")]) == 0
     assert sorted(table(capsys.readouterr().out)) == sorted(r.info.run_name for r in chosen)
     assert (tmp_path / "two.png").stat().st_size > 10_000
 
@@ -128,7 +129,7 @@ def test_compare_runs_takes_the_id_the_table_shows(swept, monkeypatch, capsys, t
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", swept.uri)
     run = swept.runs[1]
-    assert main(["--runs", run.info.run_id[:8], "--output", str(tmp_path / "one.png")]) == 0
+    assert main(["compare", "--runs", run.info.run_id[:8], "--output", str(tmp_path / "one.png")]) == 0
     rows = table(capsys.readouterr().out)
     assert list(rows) == [run.info.run_name] and rows[run.info.run_name]["id"] == run.info.run_id[:8]
 
@@ -147,11 +148,11 @@ def test_a_run_id_prefix_names_one_run_or_is_refused_in_one_line(monkeypatch, ca
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()  # the store's creation notes
-    assert main(["--runs", shared]) == 2
+    assert main(["compare", "--runs", shared]) == 2
     err = capsys.readouterr().err
     matching = sum(i.startswith(shared) for i in ids)
     assert err.count("\n") == 1 and f"--runs {shared}: the prefix matches {matching} runs (" in err, err
-    assert main(["--runs", "zz"]) == 2  # no run id holds a z
+    assert main(["compare", "--runs", "zz"]) == 2  # no run id holds a z
     assert f"--runs zz: no such run in {uri}" in capsys.readouterr().err
     from lit_ppo.run.compare import _run_by_id
 
@@ -176,7 +177,7 @@ def test_compare_bad_input_is_one_line(swept, monkeypatch, capsys, tmp_path, arg
         swept.client.create_experiment("empty")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", swept.uri)
     monkeypatch.chdir(tmp_path)
-    assert main(args) == 2
+    assert main(["compare", *args]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
     if "nope" in args:
@@ -195,7 +196,7 @@ def test_compare_without_a_store_is_one_line(monkeypatch, capsys, tmp_path, uri,
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri.format(tmp=tmp_path))
     monkeypatch.chdir(tmp_path)
-    assert main([]) == 2
+    assert main(["compare"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
     assert not (tmp_path / "absent.db").exists()  # reading never creates a store
@@ -217,7 +218,7 @@ def test_sweep_bad_grid_fails_before_anything_runs(monkeypatch, capsys, tmp_path
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sweep, "run_fit", lambda *a: pytest.fail("a fit started"))
-    assert sweep.main(args) == 2
+    assert sweep.main(["sweep", *args]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
     assert not list(tmp_path.iterdir())
@@ -236,7 +237,7 @@ def test_sweep_runs_the_grid_in_order(monkeypatch, capsys, tmp_path):
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sweep, "run_fit", fit)
-    assert sweep.main(["algo=grpo,rloo", "seed=0,1", "trainer.max_steps=2", "--experiment", "grid"]) == 0
+    assert sweep.main(["sweep", "algo=grpo,rloo", "seed=0,1", "trainer.max_steps=2", "--experiment", "grid"]) == 0
     assert started == [([f"algo={algo}", f"seed={seed}", "trainer.max_steps=2"], "grid")
                        for algo in ("grpo", "rloo") for seed in ("0", "1")]
     progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
@@ -256,7 +257,7 @@ def test_sweep_runs_the_rest_after_a_failure_and_exits_1_naming_it(monkeypatch, 
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sweep, "run_fit", fit)
-    assert sweep.main(["algo=rloo,grpo", "trainer.max_steps=2", "--experiment", "failing"]) == 1
+    assert sweep.main(["sweep", "algo=rloo,grpo", "trainer.max_steps=2", "--experiment", "failing"]) == 1
     assert started == [["algo=rloo", "trainer.max_steps=2"], ["algo=grpo", "trainer.max_steps=2"]]
     assert capsys.readouterr().err.splitlines()[-1] == "error: 1 of 2 fits failed: [1/2] algo=rloo (exit 1)"
 
@@ -276,7 +277,7 @@ def test_sweep_starts_no_fit_after_a_stop_signal(monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sweep, "run_fit", fit)
     before = signal.getsignal(signal.SIGTERM)
-    assert sweep.main(["seed=0,1,2"]) == 128 + signal.SIGTERM
+    assert sweep.main(["sweep", "seed=0,1,2"]) == 128 + signal.SIGTERM
     assert started == [["seed=0"]]
     assert "sweep stopped by SIGTERM after 1 of 3 fits" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is before  # the sweep's handler is gone

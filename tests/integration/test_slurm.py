@@ -23,6 +23,7 @@ from .conftest import FAST, REPO, wait_for_text
 
 SRUN = """#!/bin/bash
 # srun inside a batch job: SLURM_JOB_NUM_NODES x SLURM_NTASKS_PER_NODE tasks of "$@", here all local.
+while [[ $1 == -* ]]; do shift; done  # srun's own options (--kill-on-bad-exit=1)
 nodes=$SLURM_JOB_NUM_NODES; per=$SLURM_NTASKS_PER_NODE; pids=()
 for ((node = 0; node < nodes; node++)); do
   for ((task = 0; task < per; task++)); do
@@ -64,13 +65,41 @@ def test_script_has_the_allocation_and_the_same_fit(tmp_path, monkeypatch, capsy
                       f"#SBATCH --error={logs}/%j.err", "#SBATCH --open-mode=append", "#SBATCH --signal=USR1@90",
                       "#SBATCH --requeue", "#SBATCH --mem=0", "#SBATCH --exclusive"]
     (srun,) = [line for line in text.splitlines() if line.startswith("srun ")]
-    assert srun == (f"srun {sys.executable} -m lit_ppo fit algo=rloo logger=none actor.eps_clip=0.3 "
-                    f"trainer.accelerator=gpu trainer.devices=8 trainer.num_nodes=2 trainer.strategy=ddp "
-                    f"\"${{resume[@]}}\"")
+    assert srun == (f"srun --kill-on-bad-exit=1 {sys.executable} -m lit_ppo fit algo=rloo logger=none "
+                    f"actor.eps_clip=0.3 trainer.accelerator=gpu trainer.devices=8 trainer.num_nodes=2 "
+                    f"trainer.strategy=ddp trainer.precision=bf16-mixed \"${{resume[@]}}\"")
     assert f"export LIT_PPO_JOB_RUN_DIR={run_dir}\n" in text and f"cd {tmp_path}\n" in text
     assert f"last={run_dir}/checkpoints/last.ckpt\n" in text
     assert 'if [ -e "$last" ]; then resume=(--ckpt_path "$last"); fi\n' in text  # FSDP's last.ckpt is a directory
     assert 'if [ "$status" -eq 138 ]; then scontrol requeue "$SLURM_JOB_ID"; fi' in text
+
+
+def test_a_gpu_job_trains_in_bf16_and_the_submission_says_what_to_know(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setattr(cli_module, "LitPPOCLI", None)
+
+    def submitted(*args: str) -> tuple[str, list[str]]:
+        assert main(["fit", *args, "scheduler=slurm", "scheduler.dry_run=true"]) == 0
+        out, err = capsys.readouterr()
+        (srun,) = [line for line in out.splitlines() if line.startswith("srun ")]
+        return srun, [line for line in err.splitlines() if not line.startswith(("run directory:", "batch script:"))]
+
+    srun, lines = submitted("logger=none", "scheduler.gpus_per_node=2", "scheduler.time=30")
+    assert " trainer.precision=bf16-mixed " in srun
+    assert lines == ["time limit: 30 (scheduler.time); 90 s before it the run saves last.ckpt and the job is "
+                     "requeued to continue",
+                     "note: the job trains on 2 GPUs per node in trainer.precision=bf16-mixed (give "
+                     "trainer.precision=32-true for float32)"]
+    srun, lines = submitted("logger=none", "scheduler.gpus_per_node=2", "trainer.precision=32-true")
+    assert "bf16" not in srun and srun.count("trainer.precision=32-true") == 1 and len(lines) == 1
+    srun, lines = submitted("scheduler.nodes=2")  # a CPU job tracked to the default sqlite:///mlflow.db
+    assert "precision" not in srun
+    assert lines[1:] == ["warning: 2 nodes track to sqlite:///mlflow.db, a SQLite file: on a shared filesystem "
+                         "its locks may fail or stall; set MLFLOW_TRACKING_URI to an MLflow server (mlflow server) "
+                         "or a database for multi-node jobs"]
+    _, lines = submitted("scheduler.nodes=2", "logger=none")
+    assert len(lines) == 1
 
 
 def test_cpu_job_is_one_task_per_node_over_ddp_and_print_config_shows_it(tmp_path, monkeypatch, capsys):

@@ -8,6 +8,7 @@ import torch
 
 from lit_ppo.config import GenerationConfig, NormConfig, PPOActorConfig, PPOCriticConfig
 from lit_ppo.training.datamodule import RolloutDataModule
+from lit_ppo.training.guards import check_staleness
 from lit_ppo.training.module import LitPPO
 from lit_ppo.config import ModelConfig
 from lit_ppo.rollout.batch import RolloutBatch
@@ -66,16 +67,14 @@ def test_sync_training_is_on_policy_and_counts_iterations(tmp_path):
     assert all(m["mismatch/logp_abs_diff"] < 1e-4 for m in rec.metrics)
 
 
-def test_stale_batch_is_refused(tmp_path):
-    module, data = make(tmp_path)
-    module.version = 5
+def test_stale_batch_is_refused():
     batch = RolloutBatch(input_ids=torch.ones(1, 3, dtype=torch.long), attention_mask=torch.ones(1, 3, dtype=torch.bool),
                          loss_mask=torch.tensor([[False, True, True]]), behave_logp=torch.zeros(1, 3),
                          versions=torch.tensor([[-1, 4, 4]]), turn_ids=torch.tensor([[-1, 0, 0]]),
                          rewards=torch.zeros(1), truncated=torch.zeros(1, dtype=torch.bool),
                          group_sizes=torch.tensor([1]))
     with pytest.raises(RuntimeError, match=r"versions \[4\].*version 5"):
-        module._check_staleness(batch)
+        check_staleness(batch, version=5, max_staleness=0)  # synchronous training at policy version 5
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from lit_ppo.cli.fit import compose
+from lit_ppo.cli.compose import compose
 from lit_ppo.training.datamodule import RolloutDataModule, _trainer_autocast
 from lit_ppo.models import build_tiny, token_logprobs
 from lit_ppo.rollout.engine import SamplingParams

@@ -429,7 +429,7 @@ def test_engine_answering_the_wrong_number_of_prompts_is_an_error(tok):
 
 def datamodule_workflow(tok, **kwargs):
     data = RolloutDataModule(gconfig=GenerationConfig(n_samples=2, max_new_tokens=8), **kwargs)
-    data.trainer = SimpleNamespace(lightning_module=SimpleNamespace(tokenizer=tok))
+    data.trainer = SimpleNamespace(lightning_module=SimpleNamespace(tokenizer=tok), global_rank=0, world_size=1)
     data.engine = ScriptedEngine([])
     data.train_dataloader()
     return data.workflow

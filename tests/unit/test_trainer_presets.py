@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_ppo.cli.fit import compose
+from lit_ppo.cli.compose import compose
 
 FSDP_STRATEGY = {"class_path": "lit_ppo.training.fsdp.FSDP2Strategy"}
 

@@ -1,0 +1,275 @@
+"""The Hydra front end of ``python -m lit_ppo fit``: ``conf/`` composed with the user's ``group=option`` /
+``key=value`` overrides and mapped onto LightningCLI's argument tree.
+
+The names ``--print_config`` and the MLflow params show (``data.gconfig.n_samples``,
+``model.actor.eps_clip``) work as overrides too; ``model=DIR`` loads a local model directory; a field
+that no preset sets needs no ``+``. A mistake is one line naming the key as typed, with the keys close
+to it (``_suggest``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import typing
+from dataclasses import fields, is_dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from lit_ppo import schedulers
+from lit_ppo.cli.explain import explain_hydra_error
+from lit_ppo.config import EvalConfig, GenerationConfig, ModelConfig, PPOActorConfig, PPOCriticConfig, type_hints
+from lit_ppo.config.keys import ROLLOUT_KEYS, SECTIONS, lightning_path, typed_key
+from lit_ppo.errors import ConfigError
+from lit_ppo.models import model_dir_problem
+from lit_ppo.training.datamodule import RolloutDataModule
+from lit_ppo.utils.text import closest, did_you_mean, one_of
+
+FLAG_KEYS = ("config", "ckpt_path", "weights_only", "print_config")
+"""LightningCLI's own arguments: flags of the command (``--ckpt_path X``), not config keys."""
+
+
+def conf_dir() -> Path:
+    """The Hydra config tree (``conf/``, installed as ``lit_ppo.conf``)."""
+    return Path(str(resources.files("lit_ppo.conf")))
+
+
+def group_options(group: str) -> list[str]:
+    """The options of the config ``group`` (``algo``: dapo, ..., sapo), sorted."""
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def _register_resolvers() -> None:
+    if not OmegaConf.has_resolver("int_mul"):
+        # ${int_mul:a,f}: max(1, int(a * f)), e.g. a buffer that is a fraction of a token budget.
+        OmegaConf.register_new_resolver("int_mul", lambda a, f: max(1, int(int(a) * float(f))))
+    if not OmegaConf.has_resolver("on_gpu"):
+        # ${on_gpu:a,b}: a where CUDA devices are visible, else b (presets that suit both kinds of machine).
+        OmegaConf.register_new_resolver("on_gpu", _on_gpu)
+
+
+def _on_gpu(on_gpu, otherwise):
+    return on_gpu if torch.cuda.is_available() else otherwise
+
+
+def _explain_hydra_error(error: Exception, overrides: list[str], typed: list[str]) -> str:
+    """One line for a composition error; ``typed[i]`` is what the user typed for ``overrides[i]``."""
+    text = str(error)
+    for override, original in zip(overrides, typed):
+        key = override.lstrip("+~").split("=", 1)[0]
+        if ("Could not override" in text and f"'{key}'" in text) or f"Key '{key.rsplit('.', 1)[-1]}'" in text:
+            key = original.lstrip("+~").split("=", 1)[0]
+            return f"{key} is not a key{_suggest(key)}"
+    if isinstance(error, OverrideParseException) and "Error parsing override" not in text:
+        for original in typed:  # Hydra names no override here: parse them one at a time
+            try:
+                OverridesParser.create().parse_overrides([original])
+            except OverrideParseException as e:
+                return (f"override {original!r} does not parse ({str(e).splitlines()[0]}): quote a value with "
+                        f"special characters, e.g. key='a=b'")
+    return explain_hydra_error(error, group_options)
+
+
+def _known_keys() -> dict[str, list[str]]:
+    """Hydra-side section -> field names, for 'did you mean' suggestions."""
+    return {"actor": [f.name for f in fields(PPOActorConfig)], "critic": [f.name for f in fields(PPOCriticConfig)],
+            "gconfig": [f.name for f in fields(GenerationConfig)], "model": [f.name for f in fields(ModelConfig)],
+            "eval": [f.name for f in fields(EvalConfig)],
+            "data": list(inspect.signature(RolloutDataModule.__init__).parameters)[1:],
+            "rollout": list(ROLLOUT_KEYS),
+            "scheduler": [f.name for cls in (schedulers.SlurmConfig, schedulers.RayConfig) for f in fields(cls)],
+            "trainer": list(inspect.signature(L.Trainer.__init__).parameters)[1:],
+            "logger": ["class_path", "init_args"]}
+
+
+_SECTION_TYPES = {"actor": PPOActorConfig, "critic": PPOCriticConfig, "gconfig": GenerationConfig,
+                  "eval": EvalConfig, "model": ModelConfig, "data": RolloutDataModule.__init__}
+"""Hydra-side section -> what declares its fields' types (nested sections follow the type hints)."""
+
+
+def _section_keys(section: str) -> list[str]:
+    """The keys of the Hydra-side ``section`` (``actor``, ``actor.optimizer``, ``trainer``); [] where unknown."""
+    root, *rest = section.split(".")
+    if not rest:
+        return _known_keys().get(root, [])
+    owner = _SECTION_TYPES.get(root)
+    for part in rest:
+        hint = type_hints(owner).get(part) if owner is not None else None
+        owner = next((t for t in typing.get_args(hint) or (hint,) if is_dataclass(t)), None)
+    return [f.name for f in fields(owner)] if owner is not None else []
+
+
+def _suggest(key: str) -> str:
+    """`` (did you mean <section>.<field>?)`` for a mistyped ``key``, in the section as typed (a
+    LightningCLI name such as ``model.model.lora_rnk`` included); for a key without a section, the
+    keys that end in it or close to it (``lr``: ``actor.optimizer.lr or critic.optimizer.lr``); "" when
+    nothing is close."""
+    section, _, name = key.rpartition(".")
+    if section:
+        return did_you_mean(name, _section_keys(typed_key(section)), prefix=f"{section}.")
+    keys = _all_keys()
+    ends = {k.rsplit(".", 1)[-1].lower() for k in keys}
+    last = name.lower() if name.lower() in ends else next(iter(closest(name, ends)), None)
+    matches = [k for k in keys if k.rsplit(".", 1)[-1].lower() == last]
+    return f" (did you mean {one_of(matches[:3])}?)" if matches else ""
+
+
+def _all_keys() -> list[str]:
+    """Every ``section.field`` key and its nested ``section.field.field`` keys, in section order, each
+    under one name (``gconfig.n_samples``, not also ``data.gconfig.n_samples``)."""
+    sections, out = _known_keys(), []
+
+    def walk(prefix: str) -> None:
+        for name in _section_keys(prefix):
+            if name not in sections:
+                out.append(f"{prefix}.{name}")
+                walk(f"{prefix}.{name}")
+
+    for section in sections:
+        walk(section)
+    return out
+
+
+def is_group(override: str) -> bool:
+    """Whether ``override`` chooses an option of a config group (``algo=grpo``, ``+rejection=...``)."""
+    key = override.lstrip("+~").split("=", 1)[0]
+    return "." not in key and (conf_dir() / key).is_dir()
+
+
+def _add_known_keys(overrides: list[str], composed) -> list[str]:
+    """``section.field=value`` for a field the presets do not set becomes ``+section.field=value``, and
+    ``key={...}`` for a mapping a preset sets ``++key={...}`` (its keys merged into the preset's): every
+    dataclass field can be overridden without knowing which keys a preset writes."""
+    known = _known_keys()
+    out = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        parts = key.split(".")
+        current = OmegaConf.select(composed, key, default=_ABSENT)
+        absent = current is _ABSENT
+        if override[0] not in "+~" and isinstance(current, DictConfig) and value.lstrip().startswith("{"):
+            out.append("++" + override)  # keys merged into a preset's mapping (the presets' are closed to new keys)
+            continue
+        # A whole section no preset writes (eval=...) or a field of a section; in a nested config
+        # section (actor.optimizer.*) only its fields, so that a typo is reported with a suggestion.
+        nested = _section_keys(".".join(parts[:-1])) if len(parts) > 2 else []
+        if (override[0] not in "+~" and not is_group(override) and absent
+                and (parts[1] in known.get(parts[0], ()) and (not nested or parts[-1] in nested)
+                     if len(parts) >= 2 else key in SECTIONS)):
+            override = "+" + override
+        out.append(override)
+    return out
+
+
+_ABSENT = object()
+
+
+def typed_overrides(overrides: list[str]) -> list[str]:
+    """The overrides with LightningCLI's names (what ``--print_config`` shows) rewritten to the keys
+    Hydra composes, so that they set the same value as the command line's own names and win over the
+    presets: ``data.gconfig.n_samples=8`` -> ``gconfig.n_samples=8``, ``model.actor.eps_clip`` ->
+    ``actor.eps_clip``, ``data.engine`` -> ``rollout.engine``, ``trainer.logger.init_args.run_name`` ->
+    ``logger.init_args.run_name``, ``seed_everything`` -> ``seed``. ConfigError of one line for a name
+    that only another way can set: a preset group (``model.algo=x``: ``algo=x``) or a flag."""
+    out = []
+    for override in overrides:
+        prefix, key, eq, value = re.fullmatch(r"([+~]*)([^=]*)(=?)(.*)", override, re.S).groups()
+        if key in FLAG_KEYS:
+            raise ConfigError(f"{key} is not a config key: give the flag --{key}" + (f" {value}" if value else ""))
+        typed = typed_key(key)
+        if typed != key and (conf_dir() / typed).is_dir():
+            options = group_options(typed)
+            choice = (value if value in options else
+                      "none" if value.lower() in ("false", "null", "none") and "none" in options else "<option>")
+            raise ConfigError(f"{key}={value} cannot be set here: the {typed} preset sets it: use {typed}={choice} "
+                              f"(one of {', '.join(options)})")
+        out.append(prefix + typed + eq + value)
+    return out
+
+
+def _quoted(value: str) -> str:
+    """``value`` as a Hydra single-quoted string."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _model_dir_overrides(overrides: list[str]) -> list[str]:
+    """``model=DIR`` (a value that is not an option of the model group) becomes ``model.source=DIR``,
+    DIR made absolute, on top of the default model option; anything else is left as is. ConfigError
+    for a value that is neither an option nor a loadable local causal LM directory."""
+    options = group_options("model")
+    out = []
+    for override in overrides:
+        key, eq, value = override.partition("=")
+        if key != "model" or not eq or value in options:
+            out.append(override)
+            continue
+        path = Path(value).expanduser()
+        if not (path.is_dir() or "/" in value or value.startswith("~")):
+            raise ConfigError(f"model={value} is invalid{did_you_mean(value, options, prefix='model=')}: must be one "
+                              f"of {', '.join(options)} or a local model directory")
+        problem = model_dir_problem(value)
+        if problem is not None:
+            raise ConfigError(f"model={value} {problem}")
+        out.append(f"model.source={_quoted(str(path.absolute()))}")
+    return out
+
+
+def compose(overrides: list[str]) -> dict:
+    """The Hydra-composed config for ``overrides``, resolved, as LightningCLI's tree."""
+    return compose_run(overrides)[0]
+
+
+def compose_run(overrides: list[str]) -> tuple[dict, schedulers.JobConfig | None]:
+    """``compose``'s tree and the checked ``scheduler`` section: None to run here, else the job's."""
+    _register_resolvers()
+    typed = list(overrides)
+    overrides = _model_dir_overrides(typed_overrides(overrides))
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            presets = hydra_compose(config_name="config", overrides=[o for o in overrides if is_group(o)])
+            overrides = _add_known_keys(overrides, presets)
+            cfg = hydra_compose(config_name="config", overrides=overrides)
+        tree = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(_explain_hydra_error(e, overrides, typed)) from None
+    scheduler = schedulers.scheduler_config(tree.pop("scheduler", None))
+    return to_lightning_tree(tree), scheduler
+
+
+def to_lightning_tree(hydra_tree: dict) -> dict:
+    """The composed Hydra ``hydra_tree`` (without its ``scheduler`` section) as LightningCLI's tree: each
+    section where ``lit_ppo.config.keys.SECTIONS`` puts it, rollout's keys over data's."""
+    rollout = hydra_tree.pop("rollout", {}) or {}
+    out: dict[str, Any] = {"model": {}, "data": {}, "trainer": {}}
+    for key, value in hydra_tree.items():
+        path = lightning_path(key)
+        if path is None:
+            raise ConfigError(f"{key} is not a config section: must be one of {', '.join([*SECTIONS, 'scheduler'])}")
+        *parents, leaf = path
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        if isinstance(node.get(leaf), dict) and isinstance(value, dict):
+            node[leaf].update(value)
+        else:
+            node[leaf] = value
+    # One temperature: the trainer's log-probs follow the sampler's unless actor.temperature is set as well.
+    actor, gconfig = out["model"].get("actor"), out["data"].get("gconfig")
+    if isinstance(actor, dict) and isinstance(gconfig, dict) and "temperature" in gconfig:
+        actor.setdefault("temperature", gconfig["temperature"])
+    for key, value in rollout.items():
+        if key not in ROLLOUT_KEYS:
+            raise ConfigError(f"rollout.{key} is not a key{_suggest(f'rollout.{key}')}: must be one of "
+                              f"{', '.join(ROLLOUT_KEYS)}")
+        out["data"][key] = value
+    return out

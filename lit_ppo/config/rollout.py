@@ -1,0 +1,155 @@
+"""How a rank's rollouts are made: the engine and its settings, the batch and its filter, the episodes, and
+the bounds the trainer holds the rollouts to (``RolloutDataModule``'s arguments besides the task, the
+generation and the evaluation configs).
+
+The keys keep the names the command line gives them: ``data.*``, and the rollout group's ``rollout.*``
+(``lit_ppo.config.keys.ROLLOUT_KEYS``); every error names its key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+import torch
+
+from lit_ppo.config.checks import check_choice, check_positive_int, check_value, fail, is_number, type_hints
+from lit_ppo.config.keys import typed_key
+from lit_ppo.config.model import DTYPES
+
+ENGINES = ("hf", "vllm")
+"""Rollout engines: 'hf' (transformers, ``lit_ppo.rollout.hf_engine``) or 'vllm' (``lit_ppo.rollout.vllm_engine``)."""
+HF_ENGINE_KWARGS = ("max_batch_size", "dtype", "autocast")
+"""The settings of the HF engine (``rollout.engine_kwargs`` of ``rollout=hf``)."""
+INVALID_REWARD_ACTIONS = ("error", "drop")
+"""What a workflow does with a reward that is not a finite real number: raise, or record NaN so that
+the collector drops the row's whole group."""
+
+
+def precision_problem(dtype: Any, autocast: Any, prefix: str = "") -> str | None:
+    """Why ``dtype`` / ``autocast`` are invalid settings of the HF engine (None if they are valid);
+    ``prefix`` precedes the names (``rollout.engine_kwargs.``)."""
+    if dtype not in (None, "auto", *DTYPES):
+        return f"{prefix}dtype={dtype!r} is invalid: must be one of 'auto', {', '.join(map(repr, DTYPES))} or null"
+    if autocast not in (None, "bfloat16", "float16"):
+        return f"{prefix}autocast={autocast!r} is invalid: must be 'bfloat16', 'float16' or null"
+    return None
+
+
+def check_invalid_reward_action(value: Any, prefix: str = "") -> None:
+    """ValueError naming ``on_invalid_reward`` (with ``prefix``, e.g. 'data.') unless it is allowed."""
+    check_choice(f"{prefix}on_invalid_reward", value, INVALID_REWARD_ACTIONS)
+
+
+def check_turn_settings(max_turns: Any, turn_discount: Any, prefix: str = "") -> None:
+    """ValueError naming ``max_turns`` / ``turn_discount`` (with ``prefix``, e.g. 'data.') if invalid."""
+    check_positive_int(f"{prefix}max_turns", max_turns)
+    if not is_number(turn_discount) or not 0.0 < turn_discount <= 1.0:
+        fail(f"{prefix}turn_discount", turn_discount, "a number in (0, 1]")
+
+
+@dataclass
+class RolloutConfig:
+    """How a rank's rollouts are made and the bounds the trainer holds them to."""
+
+    engine: str = "hf"
+    """Rollout engine, 'hf' (transformers) or 'vllm' (``data.engine``, typed ``rollout.engine``)."""
+    engine_kwargs: dict | None = None
+    """Keyword arguments of the engine (e.g. vllm's gpu_memory_utilization, max_model_len; for 'hf':
+    max_batch_size, dtype, autocast, checked here). Both take ``dtype`` ('bfloat16': the engine's weights
+    in bf16). Under ``trainer.precision=bf16-mixed`` / ``16-mixed`` the HF engine autocasts as the trainer
+    does (``autocast`` overrides it), on every thread. None: no settings (a mapping once constructed)."""
+    batch_size: int = 32
+    """Prompt groups per RL iteration and rank."""
+    dynamic_filter_fn: str | None = None
+    """Dotted path to ``fn(group: RolloutBatch) -> bool`` accepting a prompt's group (e.g.
+    lit_ppo.rollout.filters.mixed_outcomes, DAPO's 0 < mean reward < 1); None keeps all."""
+    dynamic_bs: bool = False
+    """Stop after ``batch_size`` groups were tried and train on the accepted ones (the batch may be
+    smaller, or empty: the iteration is then skipped); otherwise keep sampling until ``batch_size``
+    groups are accepted."""
+    max_attempts_factor: int = 8
+    """Give up, with an error naming the filter, after ``max_attempts_factor * batch_size`` groups were
+    tried for one batch (fixed batch size) or after ``max_attempts_factor`` consecutive empty batches
+    (dynamic_bs)."""
+    system_prompt: str | None = None
+    """Optional system message before every prompt."""
+    seed: int = 0
+    """Seed of the prompt order and of sampling."""
+    max_turns: int = 4
+    """Most assistant turns per episode of a multi-turn task (one with ``environment(problem)``, e.g.
+    'calculator'); ignored by single-turn tasks."""
+    turn_discount: float = 1.0
+    """Factor in (0, 1] applied to a multi-turn episode's reward once per assistant turn after the first;
+    ignored by single-turn tasks."""
+    on_invalid_reward: str = "error"
+    """A reward that is not a finite real number (NaN, inf, None, a string) fails the iteration with an
+    error naming the task, the prompt and the value ('error'), or drops that prompt's whole group
+    ('drop'), counted in ``rollout/invalid_rewards``; dropped groups count as tried for ``dynamic_bs``
+    and ``max_attempts_factor``."""
+    max_logp_gap: float | Literal["auto"] | None = "auto"
+    """Largest mean |behaviour - trainer| log-prob gap, in nats per token, allowed on the tokens of a batch
+    sampled by the current policy version: above it the run stops before any optimizer step on that
+    batch. 'auto': 1e-3 where engine and trainer compute in float32, 0.1 where either computes in lower
+    precision; None (null) disables the check (``lit_ppo.training.guards.LogpGapCheck``)."""
+    max_head_offpolicyness: int = 0
+    """k, how many policy versions a trained token may lag the policy that trains on it. 0: synchronous
+    (each batch is generated by the current weights, then trained on). k > 0: a producer thread
+    generates batches ahead while the trainer trains (``lit_ppo.rollout.producer``); the actor then
+    needs the decoupled loss."""
+    num_threads: int | None = None
+    """With k > 0, the torch CPU threads of the producer thread; the trainer keeps the rest of the
+    process's threads (at least one). None: half of them (at least one)."""
+    devices: list[int] | None = None
+    """CUDA device indices for the rollout engines, the one at position ``local_rank`` for each rank of
+    a node (``rollout=hf`` only); None: each engine on its rank's own device."""
+
+    def __post_init__(self):
+        # Each field against its declared type first, named as the command line types it (rollout.* for
+        # the rollout group's keys): the errors of the command line's own check of RolloutDataModule's
+        # arguments. Then the values, in the order of those arguments.
+        hints = type_hints(type(self))
+        for f in fields(self):
+            check_value(typed_key(f"data.{f.name}"), getattr(self, f.name), hints[f.name])
+        check_choice("data.engine", self.engine, ENGINES)
+        check_positive_int("data.batch_size", self.batch_size)
+        check_positive_int("data.max_attempts_factor", self.max_attempts_factor)
+        check_turn_settings(self.max_turns, self.turn_discount, prefix="data.")
+        check_invalid_reward_action(self.on_invalid_reward, prefix="data.")
+        if self.max_logp_gap not in (None, "auto"):
+            if not self.max_logp_gap > 0:
+                fail("rollout.max_logp_gap", self.max_logp_gap, "a positive number, 'auto' or null")
+            self.max_logp_gap = float(self.max_logp_gap)
+        if self.max_head_offpolicyness < 0:
+            fail("rollout.max_head_offpolicyness", self.max_head_offpolicyness, "an integer >= 0 (0: synchronous)")
+        check_positive_int("rollout.num_threads", self.num_threads, optional=True)
+        self._check_devices()
+        self._check_engine_kwargs()
+        self.engine_kwargs = dict(self.engine_kwargs or {})
+        self.devices = None if self.devices is None else list(self.devices)
+
+    def _check_devices(self) -> None:
+        devices = self.devices
+        if devices is None:
+            return
+        if not devices or min(devices) < 0:
+            fail("rollout.devices", devices, "a list of CUDA device indices or null")
+        if self.engine != "hf":
+            raise ValueError(f"rollout.devices needs rollout=hf: the {self.engine} engine shares its rank's device")
+        available = torch.cuda.device_count()
+        if max(devices) >= available:
+            raise ValueError(f"rollout.devices={list(devices)}: this machine has {available} CUDA device(s)")
+
+    def _check_engine_kwargs(self) -> None:
+        """The settings of rollout=hf's engine (vLLM checks its own when it starts)."""
+        kwargs = self.engine_kwargs
+        if self.engine != "hf" or not kwargs:
+            return
+        for name in kwargs:
+            if name not in HF_ENGINE_KWARGS:
+                raise ValueError(f"rollout.engine_kwargs.{name} is not a setting of rollout=hf; allowed: "
+                                 f"{', '.join(sorted(HF_ENGINE_KWARGS))}")
+        check_positive_int("rollout.engine_kwargs.max_batch_size", kwargs.get("max_batch_size", 1))
+        problem = precision_problem(kwargs.get("dtype"), kwargs.get("autocast"), "rollout.engine_kwargs.")
+        if problem:
+            raise ValueError(problem)
