@@ -91,9 +91,9 @@ class RunSummary(L.Callback):
                 rows.append(("model", f"{_shown(callback.output_dir(trainer))} (a Hugging Face model directory)"))
         for logger in trainer.loggers:
             if isinstance(logger, MLFlowLogger) and logger.run_id:
-                experiment = logger.experiment.get_experiment(logger.experiment_id).name
-                rows.append(("mlflow run", f"{logger.run_id} in {logger.experiment.tracking_uri} "
-                                           f"(experiment {experiment})"))
+                experiment = logger.experiment.get_experiment(logger.experiment_id)  # None: the store failed
+                named = f" (experiment {experiment.name})" if experiment is not None else ""
+                rows.append(("mlflow run", f"{logger.run_id} in {logger.experiment.tracking_uri}{named}"))
         if checkpoint.exists():
             config = Path(trainer.default_root_dir) / "config.yaml"
             if trainer.global_step < trainer.max_steps and config.is_file():

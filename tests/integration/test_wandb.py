@@ -49,9 +49,9 @@ def test_an_offline_wandb_run_holds_the_runs_name_params_metrics_and_samples(tmp
     directory = run_dir(tmp_path)
     (offline,) = (directory / "wandb").glob("offline-run-*")
     records = read_records(next(offline.glob("run-*.wandb")))
-    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
-    assert run.display_name == directory.name and run.project == "lit_ppo"
-    assert "grpo" in run.tags
+    runs = [r.run for r in records if r.WhichOneof("record_type") == "run"]  # the start, then the tags' update
+    assert runs[0].display_name == directory.name and runs[0].project == "lit_ppo"
+    assert {"grpo", "algo=grpo", "task=arithmetic", "model=tiny", "engine=hf"} <= set(runs[-1].tags)
     config = {item.key: item.value_json for r in records if r.WhichOneof("record_type") == "config"
               for item in r.config.update}
     assert config["actor.eps_clip"] == '"0.25"' and config["algo"] == '"grpo"' and config["seed"] == '"0"'
@@ -64,8 +64,6 @@ def test_an_offline_wandb_run_holds_the_runs_name_params_metrics_and_samples(tmp
     saved = {r.files.files[0].path for r in records if r.WhichOneof("record_type") == "files" and r.files.files}
     assert {"config.yaml", "summary.txt"} <= saved
     assert (offline / "files" / "config.yaml").read_text() == (directory / "config.yaml").read_text()
-    tags = [r.run.tags for r in records if r.WhichOneof("record_type") == "run"]
-    assert tags
 
 
 def test_wandb_missing_is_one_line(monkeypatch, capsys, tmp_path):
