@@ -12,14 +12,14 @@ from lightning.pytorch.loggers import MLFlowLogger, WandbLogger
 
 SAMPLES_FILE = "samples.jsonl"
 """File in the run directory (``trainer.default_root_dir``) that the samples are appended to."""
-SAMPLES_TABLE = "samples.json"
-"""MLflow table artifact of the samples (the run's Evaluation / Artifacts tab shows it)."""
+SAMPLES_TABLE = "samples/iteration_{iteration:06d}.json"
+"""MLflow table artifact of one log of samples (the run's Artifacts tab shows it as a table)."""
 
 
 class CompletionSamples(L.Callback):
     """Every ``every_n_steps`` iterations (the first one included), ``num_samples`` rows of the batch just
     trained on: appended to ``<run directory>/samples.jsonl`` as one JSON object per row (``iteration``,
-    1-based as printed, ``prompt``, ``completion``, ``reward``), to the ``samples.json`` table of
+    1-based as printed, ``prompt``, ``completion``, ``reward``), to a table ``samples/iteration_<k>.json`` of
     each MLflow run the trainer logs to, and as a ``samples`` table to each W&B run.
 
     Args:
@@ -45,9 +45,10 @@ class CompletionSamples(L.Callback):
         self._append(Path(trainer.default_root_dir) / SAMPLES_FILE, rows)
         for logger in trainer.loggers:
             if isinstance(logger, MLFlowLogger) and logger.run_id:
-                # MLflow appends to a table artifact of the same name: one table over the run.
+                # One table per log: appending to one re-reads it through pandas, which turns a completion
+                # of digits into a number ("047" -> 47).
                 columns = {key: [row[key] for row in rows] for key in rows[0]}
-                logger.experiment.log_table(logger.run_id, columns, SAMPLES_TABLE)
+                logger.experiment.log_table(logger.run_id, columns, SAMPLES_TABLE.format(iteration=iteration))
             elif isinstance(logger, WandbLogger):
                 logger.log_table("samples", columns=list(rows[0]), data=[list(row.values()) for row in rows],
                                  step=iteration)
