@@ -136,7 +136,7 @@ def check_config(tree: dict, subcommand: str = "fit") -> None:
         raise ConfigError(f"{subcommand}: task {task_name(datamodule.task)!r} has no test problems to score "
                           f"(eval.max_problems={datamodule.eval.max_problems}; a dataset task takes "
                           f"data.task_kwargs.test_path or test_fraction)")
-    problem = decoupled_loss_problem(datamodule.max_head_offpolicyness, actor.use_decoupled_loss)
+    problem = decoupled_loss_problem(datamodule.rollout.max_head_offpolicyness, actor.use_decoupled_loss)
     if problem:
         raise ConfigError(problem)
     if actor.temperature != gconfig.temperature:

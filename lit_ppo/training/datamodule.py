@@ -164,11 +164,6 @@ class RolloutDataModule(L.LightningDataModule):
         self._boundary = self.stream.position()
 
     @property
-    def max_head_offpolicyness(self) -> int:
-        """rollout.max_head_offpolicyness, which the command line checks against the actor before fit."""
-        return self.rollout.max_head_offpolicyness
-
-    @property
     def _trained(self) -> TrainedPolicy:
         """The LightningModule of the trainer this data module is attached to."""
         return self.trainer.lightning_module
