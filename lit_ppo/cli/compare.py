@@ -12,20 +12,30 @@ from lit_ppo.run.compare import DEFAULT_OUTPUT, REWARD, compare
 USAGE = usage("compare")
 
 
+def parser() -> ArgParser:
+    """``compare``'s flags, each described."""
+    out = ArgParser(USAGE, allow_abbrev=False, description=compare_runs.__doc__.split("\n\n", 1)[0] + (
+        "\nThe store: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db."))
+    out.add_argument("--experiment", metavar="NAME",
+                     help="the MLflow experiment whose runs to compare (default: MLFLOW_EXPERIMENT_NAME, else lit_ppo)")
+    out.add_argument("--runs", nargs="+", metavar="ID",
+                     help="only these runs, each by its run id or a unique prefix of it (the table's id column)")
+    out.add_argument("--metric", default=REWARD, metavar="M",
+                     help=f"the metric drawn against the iteration, one line per run (default: {REWARD})")
+    out.add_argument("--output", default=DEFAULT_OUTPUT, metavar="PNG",
+                     help=f"where the figure is written (default: {DEFAULT_OUTPUT})")
+    return out
+
+
 def main(argv: list[str]) -> int:
     """``compare``; ``argv``: the command line after ``python -m lit_ppo``, ``compare`` first. Returns the
     exit code (2 for bad input, with a one-line message)."""
     args = argv[1:]
     if asks_for_help(args):
-        print(compare_runs.__doc__.split("\n\n", 1)[0] + "\n\nusage: " + USAGE)
+        print(parser().format_help())
         return 0
-    parser = ArgParser(USAGE, allow_abbrev=False)
-    parser.add_argument("--experiment")
-    parser.add_argument("--runs", nargs="+")
-    parser.add_argument("--metric", default=REWARD)
-    parser.add_argument("--output", default=DEFAULT_OUTPUT)
     try:
-        options = parser.parse_args(args)
+        options = parser().parse_args(args)
         compare(options.runs, options.experiment, options.metric, options.output)
     except ConfigError as e:
         print_error(str(e))

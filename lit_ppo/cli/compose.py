@@ -10,15 +10,12 @@ to it (``_suggest``).
 from __future__ import annotations
 
 import inspect
-import re
 import typing
 from dataclasses import fields, is_dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -28,39 +25,14 @@ from omegaconf.errors import OmegaConfBaseException
 
 from lit_ppo import schedulers
 from lit_ppo.cli.explain import explain_hydra_error
+from lit_ppo.cli.presets import (conf_dir, follow_sampling_temperature, group_options, is_group, register_resolvers,
+                                 typed_overrides)
 from lit_ppo.config import EvalConfig, GenerationConfig, ModelConfig, PPOActorConfig, PPOCriticConfig, type_hints
 from lit_ppo.config.keys import ROLLOUT_KEYS, SECTIONS, lightning_path, typed_key
 from lit_ppo.errors import ConfigError
 from lit_ppo.models import model_dir_problem
 from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.utils.text import closest, did_you_mean, one_of
-
-FLAG_KEYS = ("config", "ckpt_path", "weights_only", "print_config")
-"""LightningCLI's own arguments: flags of the command (``--ckpt_path X``), not config keys."""
-
-
-def conf_dir() -> Path:
-    """The Hydra config tree (``conf/``, installed as ``lit_ppo.conf``)."""
-    return Path(str(resources.files("lit_ppo.conf")))
-
-
-def group_options(group: str) -> list[str]:
-    """The options of the config ``group`` (``algo``: dapo, ..., sapo), sorted."""
-    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
-
-
-def _register_resolvers() -> None:
-    if not OmegaConf.has_resolver("int_mul"):
-        # ${int_mul:a,f}: max(1, int(a * f)), e.g. a buffer that is a fraction of a token budget.
-        OmegaConf.register_new_resolver("int_mul", lambda a, f: max(1, int(int(a) * float(f))))
-    if not OmegaConf.has_resolver("on_gpu"):
-        # ${on_gpu:a,b}: a where CUDA devices are visible, else b (presets that suit both kinds of machine).
-        OmegaConf.register_new_resolver("on_gpu", _on_gpu)
-
-
-def _on_gpu(on_gpu, otherwise):
-    return on_gpu if torch.cuda.is_available() else otherwise
-
 
 def _explain_hydra_error(error: Exception, overrides: list[str], typed: list[str]) -> str:
     """One line for a composition error; ``typed[i]`` is what the user typed for ``overrides[i]``."""
@@ -140,12 +112,6 @@ def _all_keys() -> list[str]:
     return out
 
 
-def is_group(override: str) -> bool:
-    """Whether ``override`` chooses an option of a config group (``algo=grpo``, ``+rejection=...``)."""
-    key = override.lstrip("+~").split("=", 1)[0]
-    return "." not in key and (conf_dir() / key).is_dir()
-
-
 def _add_known_keys(overrides: list[str], composed) -> list[str]:
     """``section.field=value`` for a field the presets do not set becomes ``+section.field=value``, and
     ``key={...}`` for a mapping a preset sets ``++key={...}`` (its keys merged into the preset's): every
@@ -172,29 +138,6 @@ def _add_known_keys(overrides: list[str], composed) -> list[str]:
 
 
 _ABSENT = object()
-
-
-def typed_overrides(overrides: list[str]) -> list[str]:
-    """The overrides with LightningCLI's names (what ``--print_config`` shows) rewritten to the keys
-    Hydra composes, so that they set the same value as the command line's own names and win over the
-    presets: ``data.gconfig.n_samples=8`` -> ``gconfig.n_samples=8``, ``model.actor.eps_clip`` ->
-    ``actor.eps_clip``, ``data.engine`` -> ``rollout.engine``, ``trainer.logger.init_args.run_name`` ->
-    ``logger.init_args.run_name``, ``seed_everything`` -> ``seed``. ConfigError of one line for a name
-    that only another way can set: a preset group (``model.algo=x``: ``algo=x``) or a flag."""
-    out = []
-    for override in overrides:
-        prefix, key, eq, value = re.fullmatch(r"([+~]*)([^=]*)(=?)(.*)", override, re.S).groups()
-        if key in FLAG_KEYS:
-            raise ConfigError(f"{key} is not a config key: give the flag --{key}" + (f" {value}" if value else ""))
-        typed = typed_key(key)
-        if typed != key and (conf_dir() / typed).is_dir():
-            options = group_options(typed)
-            choice = (value if value in options else
-                      "none" if value.lower() in ("false", "null", "none") and "none" in options else "<option>")
-            raise ConfigError(f"{key}={value} cannot be set here: the {typed} preset sets it: use {typed}={choice} "
-                              f"(one of {', '.join(options)})")
-        out.append(prefix + typed + eq + value)
-    return out
 
 
 def _quoted(value: str) -> str:
@@ -231,7 +174,7 @@ def compose(overrides: list[str]) -> dict:
 
 def compose_run(overrides: list[str]) -> tuple[dict, schedulers.JobConfig | None]:
     """``compose``'s tree and the checked ``scheduler`` section: None to run here, else the job's."""
-    _register_resolvers()
+    register_resolvers()
     typed = list(overrides)
     overrides = _model_dir_overrides(typed_overrides(overrides))
     try:
@@ -263,10 +206,7 @@ def to_lightning_tree(hydra_tree: dict) -> dict:
             node[leaf].update(value)
         else:
             node[leaf] = value
-    # One temperature: the trainer's log-probs follow the sampler's unless actor.temperature is set as well.
-    actor, gconfig = out["model"].get("actor"), out["data"].get("gconfig")
-    if isinstance(actor, dict) and isinstance(gconfig, dict) and "temperature" in gconfig:
-        actor.setdefault("temperature", gconfig["temperature"])
+    follow_sampling_temperature(out["model"].get("actor"), out["data"].get("gconfig"))
     for key, value in rollout.items():
         if key not in ROLLOUT_KEYS:
             raise ConfigError(f"rollout.{key} is not a key{_suggest(f'rollout.{key}')}: must be one of "

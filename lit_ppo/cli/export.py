@@ -5,11 +5,29 @@ from __future__ import annotations
 
 from lit_ppo.cli.args import ArgParser, asks_for_help, print_error
 from lit_ppo.errors import ConfigError, RunStopped
-from lit_ppo.run.export import export
 from lit_ppo.utils.quiet import quiet_dependencies
 
 USAGE = "python -m lit_ppo export --ckpt_path CKPT [--output DIR] [--adapter ADAPTER_DIR] [--overwrite]"
 """Its own usage, which ``--help`` and a mistake show (``python -m lit_ppo --help`` shows the common form)."""
+
+
+def parser() -> ArgParser:
+    """``export``'s flags, each described."""
+    out = ArgParser(USAGE, description="A checkpoint's policy as a Hugging Face model directory that transformers "
+                    "and vLLM load\n(LoRA adapters merged), and / or its LoRA adapter in peft's format.")
+    out.add_argument("--ckpt_path", required=True, metavar="CKPT",
+                     help="the checkpoint: a run's checkpoints/last.ckpt or a periodic one (a file, or the directory "
+                          "of a distributed checkpoint); verified as a resume verifies it")
+    out.add_argument("--output", metavar="DIR",
+                     help="the model directory to write (config, generation config, model.safetensors, tokenizer "
+                          "with the chat template used in training)")
+    out.add_argument("--adapter", metavar="ADAPTER_DIR",
+                     help="also (or only) write the LoRA adapter of a model.lora_rank > 0 checkpoint, loadable with "
+                          "PeftModel.from_pretrained(base, ADAPTER_DIR)")
+    out.add_argument("--overwrite", action="store_true",
+                     help="replace an existing directory (it is swapped in whole once written; without the flag an "
+                          "existing non-empty directory is refused)")
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -17,16 +35,13 @@ def main(argv: list[str]) -> int:
     exit code (2 for bad input, 1 for a failed write, each with a one-line message)."""
     args = argv[1:]
     if asks_for_help(args):
-        print(f"usage: {USAGE}")
+        print(parser().format_help())
         return 0
-    parser = ArgParser(USAGE)
-    parser.add_argument("--ckpt_path", required=True)
-    parser.add_argument("--output")
-    parser.add_argument("--adapter")
-    parser.add_argument("--overwrite", action="store_true")
     try:
-        options = parser.parse_args(args)
+        options = parser().parse_args(args)
         quiet_dependencies()  # the error line, if any, is all that stderr shows
+        from lit_ppo.run.export import export  # torch and transformers: once the arguments parse
+
         paths = export(options.ckpt_path, options.output, options.overwrite, options.adapter)
     except ConfigError as e:
         print_error(str(e))

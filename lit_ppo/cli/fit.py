@@ -22,7 +22,8 @@ from lit_ppo import schedulers
 from lit_ppo.cli import EVALUATING
 from lit_ppo.cli.args import print_error
 from lit_ppo.cli.check import check_config
-from lit_ppo.cli.compose import compose_run, is_group, typed_overrides
+from lit_ppo.cli.compose import compose_run
+from lit_ppo.cli.presets import is_group, typed_overrides
 from lit_ppo.cli.explain import explain_parser_error, read_config_file
 from lit_ppo.cli.lightning_cli import LitPPOCLI, quiet_expected_output, write_config
 from lit_ppo.config.keys import LIGHTNING_SECTIONS, SECTIONS, lightning_path
@@ -32,6 +33,8 @@ from lit_ppo.run.tracking import RUN_DIR_ENV, end_started_runs
 from lit_ppo.utils.flags import flag_value, split_arguments
 from lit_ppo.utils.stop_requests import Stopped, exit_code, pending_failure, received_signal, signal_name
 
+HELP_ALL = "--help-all"
+"""Asks for LightningCLI's own help (``--help`` shows lit_ppo's keys: lit_ppo.cli.help)."""
 TRAINED_SECTIONS = ("algo", "model", "actor", "critic", "rejection")
 """What the model in a checkpoint was trained as: LightningCLI restores it from the checkpoint."""
 
@@ -41,6 +44,7 @@ def main(argv: list[str]) -> int:
     command line after ``python -m lit_ppo``, the subcommand first. Returns the exit code: 0 when it did
     its whole job, 2 for bad input, 1 for a failure, 128 + the signal number when a signal stopped it."""
     quiet_expected_output()
+    argv = ["--help" if arg == HELP_ALL else arg for arg in argv]  # LightningCLI's help: every Lightning flag
     subcommand = argv[0]
     try:
         return _run(argv)

@@ -33,12 +33,10 @@ from hydra.errors import HydraException
 
 from lit_ppo.cli import usage
 from lit_ppo.cli.args import ArgParser, asks_for_help, print_error
-from lit_ppo.cli.check import check_config
-from lit_ppo.cli.compose import compose, conf_dir, group_options
+from lit_ppo.cli.presets import conf_dir, group_options
 from lit_ppo.cli.explain import explain_hydra_error
 from lit_ppo.errors import ConfigError
 from lit_ppo.run.compare import REWARD, check_output, compare
-from lit_ppo.run.tracking import _component, _mlflow_loggers, run_name
 from lit_ppo.utils.flags import split_arguments
 
 USAGE = usage("sweep")
@@ -94,6 +92,11 @@ def expand(overrides: list[str]) -> list[Combination]:
 def check(combinations: list[Combination]) -> None:
     """Compose and validate every combination as ``fit`` does (no model is loaded), so that a bad
     value in the grid fails before the first fit spends its time."""
+    # Lightning loads with the checks: only once the flags parse, so that --help and a flag's mistake print at once.
+    from lit_ppo.cli.check import check_config
+    from lit_ppo.cli.compose import compose
+    from lit_ppo.run.tracking import _mlflow_loggers
+
     for i, combination in enumerate(combinations, 1):
         where = f"[{i}/{len(combinations)}] {combination.label or 'fit'}"
         try:
@@ -153,16 +156,27 @@ def run_fit(overrides: list[str], env: dict[str, str], signals: ForwardSignals) 
     return code, run_id, uri
 
 
+def parser() -> ArgParser:
+    """``sweep``'s flags, each described (the grid and the other overrides are fit's ``key=value``)."""
+    out = ArgParser(USAGE, allow_abbrev=False, description=__doc__.split("\n\n", 1)[0] + (
+        "\n\nkey=a,b / range(a,b) / choice(a,b) / glob(pattern) sweep a key or a config group; every other "
+        "override\nis fit's (python -m lit_ppo fit --help lists the keys)."))
+    out.add_argument("--experiment", metavar="NAME",
+                     help="the MLflow experiment of every fit (default: sweep-<YYYYmmdd-HHMMSS>)")
+    out.add_argument("--metric", default=REWARD, metavar="M",
+                     help=f"the metric of the final comparison figure (default: {REWARD})")
+    out.add_argument("--output", metavar="PNG", help="where the comparison figure is written (default: "
+                                                      "<experiment>.png)")
+    return out
+
+
 def sweep(args: list[str]) -> int:
     """Parse, expand and check the grid, run every fit, print the comparison; the exit code."""
     overrides, flags = split_arguments(args)
-    parser = ArgParser(USAGE, allow_abbrev=False)
-    parser.add_argument("--experiment")
-    parser.add_argument("--metric", default=REWARD)
-    parser.add_argument("--output")
-    options = parser.parse_args(flags)
+    options = parser().parse_args(flags)
     if not overrides:
         raise ConfigError(f"nothing to sweep: give key=a,b overrides ({USAGE})")
+    from lit_ppo.run.tracking import _component, run_name  # Lightning: once the flags parse, as in check
     experiment = options.experiment or run_name("sweep")
     output = options.output or f"{_component(experiment)}.png"
     check_output(output)
@@ -211,7 +225,7 @@ def main(argv: list[str]) -> int:
     code (2 for bad input, with a one-line message)."""
     args = argv[1:]
     if asks_for_help(args):
-        print(__doc__.split("\n\n", 1)[0] + "\n\nusage: " + USAGE)
+        print(parser().format_help())
         return 0
     try:
         return sweep(args)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import torch
-
 from lit_ppo.config.checks import check_fields
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-"""Weight and autocast dtypes by their config names (model.dtype, rollout.engine_kwargs.dtype / autocast)."""
+DTYPES = ("float32", "bfloat16", "float16")
+"""The config names of weight and autocast dtypes (model.dtype, rollout.engine_kwargs.dtype / autocast), each
+the name of its torch dtype (``lit_ppo.models.torch_dtype``)."""
 
 
 @dataclass

@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-import torch
-
 from lit_ppo.config.checks import check_choice, check_positive_int, check_value, fail, is_number, type_hints
 from lit_ppo.config.keys import typed_key
 from lit_ppo.config.model import DTYPES
@@ -136,6 +134,8 @@ class RolloutConfig:
             fail("rollout.devices", devices, "a list of CUDA device indices or null")
         if self.engine != "hf":
             raise ValueError(f"rollout.devices needs rollout=hf: the {self.engine} engine shares its rank's device")
+        import torch  # here only: the config layer loads without torch (help, composition)
+
         available = torch.cuda.device_count()
         if max(devices) >= available:
             raise ValueError(f"rollout.devices={list(devices)}: this machine has {available} CUDA device(s)")

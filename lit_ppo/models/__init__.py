@@ -7,9 +7,9 @@ from lit_ppo.models.loading import (CHARACTERS, MODEL_SOURCES, PLAIN_CHAT_TEMPLA
                                     TinyModelConfig, ValueModel, base_model_paths, build_critic, build_reference,
                                     build_tiny, build_tiny_tokenizer, cache_entry, default_cache_dir, load_causal_lm,
                                     looks_like_hub_id, model_dir_problem, model_from_weights, source_cache_entry,
-                                    token_logprobs, use_chat_template, weights_problem)
+                                    token_logprobs, torch_dtype, use_chat_template, weights_problem)
 
 __all__ = ["CHARACTERS", "MODEL_SOURCES", "PLAIN_CHAT_TEMPLATE", "SPECIAL_TOKENS", "TINY_CHAT_TEMPLATE", "TinyModelConfig",
            "ValueModel", "base_model_paths", "build_critic", "build_reference", "build_tiny", "build_tiny_tokenizer", "cache_entry",
            "default_cache_dir", "load_causal_lm", "looks_like_hub_id", "model_dir_problem", "model_from_weights",
-           "source_cache_entry", "token_logprobs", "use_chat_template", "weights_problem", "write_hf_files", "write_model_dir"]
+           "source_cache_entry", "token_logprobs", "torch_dtype", "use_chat_template", "weights_problem", "write_hf_files", "write_model_dir"]

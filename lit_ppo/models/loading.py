@@ -437,6 +437,11 @@ def _convert_smollm2(out: Path) -> None:
     write_hf_files(model, tokenizer, out)
 
 
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a config dtype name (``lit_ppo.config.DTYPES``: 'float32', 'bfloat16', 'float16')."""
+    return getattr(torch, name)
+
+
 def load_causal_lm(source: str, cache_dir: str | Path | None = None, dtype: torch.dtype = torch.float32):
     """``(model, tokenizer)`` of ``source``: ``"tiny"``, ``"smollm2"`` or a local Hugging Face directory.
 

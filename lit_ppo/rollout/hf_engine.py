@@ -28,8 +28,8 @@ from typing import Iterable
 
 import torch
 
-from lit_ppo.config import DTYPES
 from lit_ppo.config.rollout import precision_problem
+from lit_ppo.models import torch_dtype
 from lit_ppo.models.sampling import allowed_mask, sampling_logits
 from lit_ppo.rollout.engine import Completion, SamplingParams
 
@@ -67,7 +67,7 @@ class HFEngine:
         problem = precision_problem(dtype, autocast)
         if problem:
             raise ValueError(problem)
-        self.autocast = None if autocast is None else DTYPES[autocast]
+        self.autocast = None if autocast is None else torch_dtype(autocast)
         self.shares_weights = share_weights
         if share_weights:
             own = next(model.parameters()).device
@@ -80,7 +80,7 @@ class HFEngine:
             if device is not None:
                 self.model.to(device)
             if dtype not in (None, "auto"):
-                self.model.to(DTYPES[dtype])
+                self.model.to(torch_dtype(dtype))
             self.model.eval().requires_grad_(self.autocast is not None)  # see generate
         self.device = next(self.model.parameters()).device
         self.max_batch_size = max_batch_size

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
 
-from lit_ppo.config import DTYPES, ModelConfig
+from lit_ppo.config import ModelConfig
 from lit_ppo.errors import ConfigError
-from lit_ppo.models import MODEL_SOURCES, base_model_paths, load_causal_lm, model_dir_problem, use_chat_template
+from lit_ppo.models import (MODEL_SOURCES, base_model_paths, load_causal_lm, model_dir_problem, torch_dtype,
+                            use_chat_template)
 from lit_ppo.models.hf_dir import check_apart, check_output, check_writable, write_model_dir
 from lit_ppo.models.lora import add_lora, lora_config, merged_model, write_adapter_dir
 from lit_ppo.training.checkpoint_io import is_distributed_checkpoint, read_checkpoint
@@ -57,7 +58,7 @@ def _read(ckpt_path: str | Path, adapter: bool):
 
 
 def _load(ckpt_path: str | Path, cfg, weights: dict, distributed: bool):
-    policy, tokenizer = load_causal_lm(cfg.source, cfg.cache_dir, DTYPES[cfg.dtype])
+    policy, tokenizer = load_causal_lm(cfg.source, cfg.cache_dir, torch_dtype(cfg.dtype))
     use_chat_template(tokenizer, cfg.chat_template)
     if cfg.lora_rank:
         add_lora(policy, lora_config(cfg))

@@ -29,9 +29,9 @@ from lit_ppo.algos.checks import check_names
 from lit_ppo.callbacks.export import ExportModel
 from lit_ppo.callbacks.graceful_stop import GracefulStop
 from lit_ppo.callbacks.weight_sync import WeightSync
-from lit_ppo.config import DTYPES, ModelConfig, PPOActorConfig, PPOCriticConfig, RolloutConfig
+from lit_ppo.config import ModelConfig, PPOActorConfig, PPOCriticConfig, RolloutConfig
 from lit_ppo.models import (build_critic, build_reference, load_causal_lm, model_from_weights, token_logprobs,
-                            use_chat_template)
+                            torch_dtype, use_chat_template)
 from lit_ppo.models.lora import adapters_disabled, add_lora, lora_config, merged_weights, trainable_parameters
 from lit_ppo.models.sampling import allowed_mask
 from lit_ppo.rollout.batch import RolloutBatch
@@ -80,7 +80,7 @@ class LitPPO(L.LightningModule):
         self.save_hyperparameters({"model": asdict(self.model_cfg), "actor": asdict(self.actor_cfg),
                                    "critic": None if critic is None else asdict(critic), "algo": algo}, logger=False)
         self.policy, self.tokenizer = load_causal_lm(self.model_cfg.source, self.model_cfg.cache_dir,
-                                                     DTYPES[self.model_cfg.dtype])
+                                                     torch_dtype(self.model_cfg.dtype))
         use_chat_template(self.tokenizer, self.model_cfg.chat_template)
         self.policy.train()  # from_pretrained returns eval mode; Lightning keeps submodule modes
         if self.model_cfg.gradient_checkpointing:
@@ -181,7 +181,7 @@ class LitPPO(L.LightningModule):
         (the adapters merged; sharded, a collective: every rank calls it)."""
         if not self.sharded and not self.model_cfg.lora_rank:
             return self.policy
-        return model_from_weights(self.policy.config, self.engine_weights(), DTYPES[self.model_cfg.dtype],
+        return model_from_weights(self.policy.config, self.engine_weights(), torch_dtype(self.model_cfg.dtype),
                                   getattr(self.policy, "generation_config", None))
 
     # ------------------------------------------------------------------ forward passes

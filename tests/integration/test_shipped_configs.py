@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from lit_ppo.cli.check import check_config
-from lit_ppo.cli.compose import conf_dir, group_options
+from lit_ppo.cli.presets import conf_dir, group_options
 
 from ..conftest import with_smollm2
 from .conftest import REPO, run_cli

@@ -148,3 +148,12 @@ def test_the_math_models_and_tasks_load_no_lightning(package):
             f"('lightning', 'pytorch_lightning', 'lightning_fabric')); print(loaded[:3]); sys.exit(bool(loaded))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, f"import {package} loads Lightning: {result.stdout}{result.stderr}"
+
+
+@pytest.mark.parametrize("module", ["lit_ppo.config", "lit_ppo.cli.presets", "lit_ppo.cli.help"])
+def test_the_configs_presets_and_help_load_no_torch(module):
+    # `fit --help` and the composition of presets stay fast: no torch, no Lightning, no transformers.
+    code = (f"import sys, {module}; loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
+            f"('torch', 'lightning', 'transformers')); print(loaded[:3]); sys.exit(bool(loaded))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, f"import {module} loads: {result.stdout}{result.stderr}"

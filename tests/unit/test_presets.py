@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from lit_ppo.algos import compute_advantages
-from lit_ppo.cli.compose import compose, group_options
+from lit_ppo.cli.compose import compose
+from lit_ppo.cli.presets import group_options
 from lit_ppo.config import PPOActorConfig
 
 REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
