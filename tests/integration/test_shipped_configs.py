@@ -134,7 +134,9 @@ def test_readme_command_runs(command, work, request):
         with_smollm2(request.getfixturevalue("smollm2_cache"), work / "cache")
     result = run_cli(args, work, timeout=900, env=_env(work))
     assert result.returncode == 0, f"{args}\n{result.stderr[-3000:]}"
-    if stdout_to:
+    if "--help" in args:
+        assert re.search(r"^  actor\.eps_clip=0\.2  \(float\)$", result.stdout, re.M), result.stdout
+    elif stdout_to:
         (work / stdout_to).write_text(result.stdout)
         assert "model:" in result.stdout
     elif args[0] == "export":
