@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import inspect
 import logging
-import re
 import warnings
-from dataclasses import fields, is_dataclass
-from typing import Any, Callable
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.accelerators import AcceleratorRegistry
 
 from lit_ppo.algos.checks import check_names
 from lit_ppo.cli import EVALUATING
-from lit_ppo.config import (EvalConfig, GenerationConfig, ModelConfig, PPOActorConfig, PPOCriticConfig, check_value,
-                            type_hints, typed_key)
+from lit_ppo.config import check_value, type_hints, typed_key
+from lit_ppo.config.sections import check_sections
 from lit_ppo.errors import ConfigError
 from lit_ppo.models import MODEL_SOURCES, model_dir_problem
 from lit_ppo.rollout.producer import decoupled_loss_problem
@@ -31,42 +29,8 @@ from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.utils.imports import import_object
 from lit_ppo.utils.text import did_you_mean
 
-SEED_RANGE = (0, 2**32 - 1)
-"""Seeds numpy (and so Lightning's seed_everything) accepts."""
 NAME_MAX = 255
 """Bytes in one file name: the run directory's, ``<run name>-YYYYmmdd-HHMMSS`` (``-N`` on a collision)."""
-
-
-def _construct(cls, values: Any, key: str, check: Callable[[Any], None] | None = None):
-    """The config ``cls`` of the section ``key`` from its mapping (or as given), passed through ``check``;
-    a ConfigError naming ``key.<field>`` for any mistake."""
-    if values is None:
-        return None
-    if not is_dataclass(values):
-        if not isinstance(values, dict):
-            raise ConfigError(f"{key} must be a mapping of {cls.__name__} fields, got {values!r}")
-        names = {f.name for f in fields(cls)}
-        for name in values:
-            if name not in names:
-                hint = did_you_mean(name, sorted(names), prefix=f"{key}.")
-                raise ConfigError(f"{key}.{name} is not a key{hint}; allowed: {', '.join(sorted(names))}")
-    try:
-        config = values if is_dataclass(values) else cls(**values)
-        if check is not None:
-            check(config)
-        return config
-    except (ValueError, TypeError) as e:
-        message = str(e).splitlines()[0]
-        named = re.match(r"([A-Za-z_][\w.]*)(=| is not a key)", message)  # a key of the section, or nested
-        if named and not named.group(1).startswith(f"{key}."):
-            message = f"{key}.{message}".replace("(did you mean ", f"(did you mean {key}.", 1)
-        raise ConfigError(message) from None
-
-
-def _check_seed(key: str, value: Any) -> None:
-    low, high = SEED_RANGE
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"{key}={value!r} is invalid: must be an integer in [{low}, {high}]")
 
 
 def _check_logger(trainer: dict) -> None:
@@ -98,16 +62,8 @@ def _check_run_names(trainer: dict) -> None:
 
 def check_config(tree: dict, subcommand: str = "fit") -> None:
     """Check a LightningCLI tree for ``subcommand`` before anything is instantiated (no model is loaded)."""
-    if "seed_everything" in tree:
-        _check_seed("seed", tree["seed_everything"])
-    model = tree.get("model") or {}
-    for name in model:
-        if name not in ("model", "actor", "critic", "algo"):
-            raise ConfigError(f"model.{name} is not a key; allowed: algo, actor, critic, model")
-    actor = _construct(PPOActorConfig, model.get("actor") or {}, "actor", check_names)
-    _construct(PPOCriticConfig, model.get("critic"), "critic")
-    model_cfg = _construct(ModelConfig, model.get("model") or {}, "model")
-    if model_cfg is not None and model_cfg.source not in MODEL_SOURCES:
+    actor, _, model_cfg, gconfig, eval_cfg = check_sections(tree, check_actor=check_names)
+    if model_cfg.source not in MODEL_SOURCES:
         problem = model_dir_problem(model_cfg.source)
         if problem is not None:
             raise ConfigError(f"model.source={model_cfg.source} {problem}")
@@ -124,10 +80,6 @@ def check_config(tree: dict, subcommand: str = "fit") -> None:
                 check_value(typed_key(f"data.{name}"), value, hints[name])
             except ValueError as e:
                 raise ConfigError(str(e)) from None
-    if "seed" in data:
-        _check_seed("data.seed", data["seed"])
-    gconfig = _construct(GenerationConfig, data.get("gconfig") or {}, "gconfig")
-    eval_cfg = _construct(EvalConfig, data.get("eval") or {}, "eval")
     try:  # builds the task (its data, not a model): bad task settings fail here
         datamodule = RolloutDataModule(**{**data, "gconfig": gconfig, "eval": eval_cfg})
     except (ValueError, TypeError) as e:

@@ -15,7 +15,6 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -23,16 +22,16 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from lit_ppo import schedulers
 from lit_ppo.cli.explain import explain_hydra_error
 from lit_ppo.cli.presets import (conf_dir, follow_sampling_temperature, group_options, is_group, register_resolvers,
                                  typed_overrides)
 from lit_ppo.config import EvalConfig, GenerationConfig, ModelConfig, PPOActorConfig, PPOCriticConfig, type_hints
+from lit_ppo.config.rollout import DATA_KEYS, DATA_SECTIONS
 from lit_ppo.config.keys import ROLLOUT_KEYS, SECTIONS, lightning_path, typed_key
+from lit_ppo.config.scheduler import JobConfig, RayConfig, SlurmConfig, scheduler_config
 from lit_ppo.errors import ConfigError
-from lit_ppo.models import model_dir_problem
-from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.utils.text import closest, did_you_mean, one_of
+
 
 def _explain_hydra_error(error: Exception, overrides: list[str], typed: list[str]) -> str:
     """One line for a composition error; ``typed[i]`` is what the user typed for ``overrides[i]``."""
@@ -52,29 +51,40 @@ def _explain_hydra_error(error: Exception, overrides: list[str], typed: list[str
     return explain_hydra_error(error, group_options)
 
 
-def _known_keys() -> dict[str, list[str]]:
-    """Hydra-side section -> field names, for 'did you mean' suggestions."""
-    return {"actor": [f.name for f in fields(PPOActorConfig)], "critic": [f.name for f in fields(PPOCriticConfig)],
-            "gconfig": [f.name for f in fields(GenerationConfig)], "model": [f.name for f in fields(ModelConfig)],
-            "eval": [f.name for f in fields(EvalConfig)],
-            "data": list(inspect.signature(RolloutDataModule.__init__).parameters)[1:],
-            "rollout": list(ROLLOUT_KEYS),
-            "scheduler": [f.name for cls in (schedulers.SlurmConfig, schedulers.RayConfig) for f in fields(cls)],
-            "trainer": list(inspect.signature(L.Trainer.__init__).parameters)[1:],
-            "logger": ["class_path", "init_args"]}
-
-
 _SECTION_TYPES = {"actor": PPOActorConfig, "critic": PPOCriticConfig, "gconfig": GenerationConfig,
-                  "eval": EvalConfig, "model": ModelConfig, "data": RolloutDataModule.__init__}
-"""Hydra-side section -> what declares its fields' types (nested sections follow the type hints)."""
+                  "model": ModelConfig, "eval": EvalConfig}
+"""Hydra-side section -> the dataclass that declares its fields (nested sections follow the type hints)."""
+_DATA_TYPES = {key: _SECTION_TYPES[key] for key in DATA_SECTIONS}
+"""The data section's keys that are configs of their own -> their dataclass."""
+ROOTS = (*_SECTION_TYPES, "data", "rollout", "scheduler", "trainer", "logger")
+"""The Hydra-side sections whose keys are known, in the order suggestions list them."""
+
+
+def _trainer_keys() -> list[str]:
+    """Lightning's Trainer arguments, imported only when a ``trainer.*`` key is looked up: a mistake
+    elsewhere is reported before Lightning loads."""
+    import lightning
+
+    return list(inspect.signature(lightning.Trainer.__init__).parameters)[1:]
+
+
+def _root_keys(root: str) -> list[str]:
+    """The keys of the Hydra-side section ``root``; [] where unknown."""
+    if root in _SECTION_TYPES:
+        return [f.name for f in fields(_SECTION_TYPES[root])]
+    if root == "trainer":
+        return _trainer_keys()
+    return {"data": list(DATA_KEYS), "rollout": list(ROLLOUT_KEYS),
+            "scheduler": [f.name for cls in (SlurmConfig, RayConfig) for f in fields(cls)],
+            "logger": ["class_path", "init_args"]}.get(root, [])
 
 
 def _section_keys(section: str) -> list[str]:
     """The keys of the Hydra-side ``section`` (``actor``, ``actor.optimizer``, ``trainer``); [] where unknown."""
     root, *rest = section.split(".")
     if not rest:
-        return _known_keys().get(root, [])
-    owner = _SECTION_TYPES.get(root)
+        return _root_keys(root)
+    owner = _SECTION_TYPES.get(root) or (_DATA_TYPES.get(rest.pop(0)) if root == "data" else None)
     for part in rest:
         hint = type_hints(owner).get(part) if owner is not None else None
         owner = next((t for t in typing.get_args(hint) or (hint,) if is_dataclass(t)), None)
@@ -99,15 +109,15 @@ def _suggest(key: str) -> str:
 def _all_keys() -> list[str]:
     """Every ``section.field`` key and its nested ``section.field.field`` keys, in section order, each
     under one name (``gconfig.n_samples``, not also ``data.gconfig.n_samples``)."""
-    sections, out = _known_keys(), []
+    out = []
 
     def walk(prefix: str) -> None:
         for name in _section_keys(prefix):
-            if name not in sections:
+            if name not in ROOTS:
                 out.append(f"{prefix}.{name}")
                 walk(f"{prefix}.{name}")
 
-    for section in sections:
+    for section in ROOTS:
         walk(section)
     return out
 
@@ -116,7 +126,6 @@ def _add_known_keys(overrides: list[str], composed) -> list[str]:
     """``section.field=value`` for a field the presets do not set becomes ``+section.field=value``, and
     ``key={...}`` for a mapping a preset sets ``++key={...}`` (its keys merged into the preset's): every
     dataclass field can be overridden without knowing which keys a preset writes."""
-    known = _known_keys()
     out = []
     for override in overrides:
         key, _, value = override.partition("=")
@@ -130,7 +139,7 @@ def _add_known_keys(overrides: list[str], composed) -> list[str]:
         # section (actor.optimizer.*) only its fields, so that a typo is reported with a suggestion.
         nested = _section_keys(".".join(parts[:-1])) if len(parts) > 2 else []
         if (override[0] not in "+~" and not is_group(override) and absent
-                and (parts[1] in known.get(parts[0], ()) and (not nested or parts[-1] in nested)
+                and (parts[1] in _root_keys(parts[0]) and (not nested or parts[-1] in nested)
                      if len(parts) >= 2 else key in SECTIONS)):
             override = "+" + override
         out.append(override)
@@ -160,6 +169,8 @@ def _model_dir_overrides(overrides: list[str]) -> list[str]:
         if not (path.is_dir() or "/" in value or value.startswith("~")):
             raise ConfigError(f"model={value} is invalid{did_you_mean(value, options, prefix='model=')}: must be one "
                               f"of {', '.join(options)} or a local model directory")
+        from lit_ppo.models import model_dir_problem  # torch and transformers: only for a model directory
+
         problem = model_dir_problem(value)
         if problem is not None:
             raise ConfigError(f"model={value} {problem}")
@@ -172,7 +183,7 @@ def compose(overrides: list[str]) -> dict:
     return compose_run(overrides)[0]
 
 
-def compose_run(overrides: list[str]) -> tuple[dict, schedulers.JobConfig | None]:
+def compose_run(overrides: list[str]) -> tuple[dict, JobConfig | None]:
     """``compose``'s tree and the checked ``scheduler`` section: None to run here, else the job's."""
     register_resolvers()
     typed = list(overrides)
@@ -185,7 +196,7 @@ def compose_run(overrides: list[str]) -> tuple[dict, schedulers.JobConfig | None
         tree = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(_explain_hydra_error(e, overrides, typed)) from None
-    scheduler = schedulers.scheduler_config(tree.pop("scheduler", None))
+    scheduler = scheduler_config(tree.pop("scheduler", None))
     return to_lightning_tree(tree), scheduler
 
 

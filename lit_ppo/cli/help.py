@@ -65,7 +65,7 @@ DATACLASS_SECTIONS = (
 """Sections in the order help shows them; the data section also has ``data.task`` and ``data.task_kwargs``."""
 DATA_MODULE = ("training/datamodule.py", "RolloutDataModule")
 """Where ``data.task`` and ``data.task_kwargs`` are documented (its ``Args:``)."""
-SCHEDULERS = {"slurm": ("schedulers/slurm.py", "SlurmConfig"), "ray": ("schedulers/ray.py", "RayConfig")}
+SCHEDULERS = {"slurm": ("config/scheduler.py", "SlurmConfig"), "ray": ("config/scheduler.py", "RayConfig")}
 """The scheduler options with settings: the dataclass of each."""
 SEED_DOC = "One seed per run: Lightning's global RNGs and the rollouts' prompt order and sampling (data.seed)."
 

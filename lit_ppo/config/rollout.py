@@ -153,3 +153,10 @@ class RolloutConfig:
         problem = precision_problem(kwargs.get("dtype"), kwargs.get("autocast"), "rollout.engine_kwargs.")
         if problem:
             raise ValueError(problem)
+
+
+DATA_SECTIONS = ("gconfig", "eval")
+"""The data section's keys that are configs of their own (GenerationConfig, EvalConfig)."""
+DATA_KEYS = ("task", "task_kwargs", *DATA_SECTIONS, *(f.name for f in fields(RolloutConfig)))
+"""The keys of the data section, RolloutDataModule's arguments: the task and its keyword arguments, the
+generation and evaluation configs and every RolloutConfig field (known without importing the module)."""

@@ -4,42 +4,13 @@ Train job, see lit_ppo.schedulers.ray)."""
 
 from __future__ import annotations
 
-from dataclasses import fields
-from typing import Any, Callable
+from typing import Callable
 
-from lit_ppo.errors import ConfigError
+from lit_ppo.config.scheduler import SCHEDULERS, JobConfig, RayConfig, SlurmConfig, scheduler_config, scheduler_name
 from lit_ppo.schedulers import ray, slurm
-from lit_ppo.schedulers.ray import RayConfig
-from lit_ppo.schedulers.slurm import SlurmConfig
 
-SCHEDULERS = {"local": None, "ray": RayConfig, "slurm": SlurmConfig}
-"""scheduler=<name> -> the settings of its job (None: this process)."""
-JobConfig = SlurmConfig | RayConfig
-
-
-def scheduler_config(section: Any) -> JobConfig | None:
-    """The composed ``scheduler`` section, checked: None to run in this process, else the job's
-    settings. ConfigError of one line naming the key."""
-    section = dict(section or {"type": "local"})
-    kind = section.pop("type", None)
-    if kind not in SCHEDULERS:
-        raise ConfigError(f"scheduler={kind} is invalid: must be one of {', '.join(SCHEDULERS)}")
-    cls = SCHEDULERS[kind]
-    names = [f.name for f in fields(cls)] if cls else []
-    for name in section:
-        if name not in names:
-            allowed = ", ".join(names) or "none (give scheduler=slurm or scheduler=ray for a job)"
-            raise ConfigError(f"scheduler.{name} is not a key of scheduler={kind}: allowed: {allowed}")
-    if cls is None:
-        return None
-    try:
-        return cls(**section)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-
-
-def scheduler_name(cfg: JobConfig) -> str:
-    return "ray" if isinstance(cfg, RayConfig) else "slurm"
+__all__ = ["SCHEDULERS", "JobConfig", "RayConfig", "SlurmConfig", "check_job_trainer", "job_trainer", "scheduler_config",
+           "scheduler_name", "submit"]
 
 
 def check_job_trainer(cfg: JobConfig, trainer: dict) -> None:

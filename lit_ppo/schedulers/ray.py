@@ -30,16 +30,14 @@ processes. Each worker is one rank with one device (``trainer.devices=1``), so t
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import sys
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from lit_ppo.config import check_fields
+from lit_ppo.config.scheduler import RayConfig
 from lit_ppo.errors import ConfigError
 from lit_ppo.run.resume import recorded_run
 from lit_ppo.run.tracking import JOB_RUN_DIR_ENV, RUN_DIR_ENV, new_run_dir
@@ -48,51 +46,8 @@ from lit_ppo.utils.flags import flag_value
 STRATEGIES = ("auto", "ddp")
 """trainer.strategy values a Ray job runs (as RayDDPStrategy); FSDP is not supported here yet."""
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-_ADDRESS = re.compile(r"[^\s:/]+:\d{1,5}")
 PROBE_TIMEOUT_S = 10
 """Seconds to wait for a TCP answer from ``scheduler.address`` (Ray itself retries for minutes)."""
-
-
-@dataclass
-class RayConfig:
-    """The Ray Train job's settings (``scheduler.<field>=value``)."""
-
-    address: str | None = None
-    """The Ray cluster to run on, as ``ray.init(address=...)`` takes it: ``host:port`` of its head node's
-    GCS (``ray start --head`` prints it) or ``auto`` for the cluster this machine belongs to; null to
-    start a local cluster for this job (stopped when the job ends), or join the one ``RAY_ADDRESS``
-    names, as ``ray.init()`` does."""
-    num_workers: int = 2
-    """Training workers, one rank each: the world size."""
-    resources_per_worker: dict[str, float] | None = None
-    """Ray resources each worker reserves, e.g. ``{CPU: 4, GPU: 1}``; null for Ray's default, one CPU.
-    With a GPU the workers train on GPUs (one each, NCCL), else on CPU (gloo)."""
-
-    def __post_init__(self) -> None:
-        check_fields(self, "scheduler")
-        address = self.address
-        if address is not None and not (isinstance(address, str)
-                                        and (address == "auto" or _ADDRESS.fullmatch(address))):
-            raise ValueError(f"scheduler.address={self.address!r} is invalid: must be host:port, auto "
-                             f"or null (a local cluster)")
-        if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 1:
-            raise ValueError(f"scheduler.num_workers={self.num_workers!r} is invalid: must be a positive integer")
-        resources = self.resources_per_worker
-        if resources is not None and (not isinstance(resources, dict) or not resources):
-            raise ValueError(f"scheduler.resources_per_worker={resources!r} is invalid: must be a mapping of "
-                             f"Ray resources to amounts, e.g. {{CPU: 1}}")
-        for key, amount in (resources or {}).items():
-            if (not isinstance(key, str) or isinstance(amount, bool) or not isinstance(amount, (int, float))
-                    or not amount >= 0):
-                raise ValueError(f"scheduler.resources_per_worker.{key}={amount!r} is invalid: must be a "
-                                 f"number >= 0 of a Ray resource (CPU, GPU, memory, a custom one)")
-        if self.gpus_per_worker > 1:
-            raise ValueError(f"scheduler.resources_per_worker.GPU={self.gpus_per_worker} is invalid: each worker "
-                             f"is one rank on one device: at most 1")
-
-    @property
-    def gpus_per_worker(self) -> float:
-        return (self.resources_per_worker or {}).get("GPU", 0)
 
 
 def check_strategy(trainer: dict) -> None:

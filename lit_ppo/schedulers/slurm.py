@@ -39,10 +39,9 @@ import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from lit_ppo.config import check_fields
+from lit_ppo.config.scheduler import SlurmConfig
 from lit_ppo.errors import ConfigError
 from lit_ppo.run.tracking import JOB_RUN_DIR_ENV, new_run_dir, tracking_uris
 from lit_ppo.utils.flags import flag_value
@@ -50,8 +49,6 @@ from lit_ppo.utils.flags import flag_value
 WARNING_S = 90
 """Seconds before the time limit at which Slurm sends SIGUSR1: time to finish an iteration and save."""
 REQUEUE_STATUS = 128 + signal.SIGUSR1
-_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}")
-_NAME = re.compile(r"[^\s#'\"\\]+")
 _PLAIN = re.compile(r"[\w@%+=:,./-]+")
 
 
@@ -61,65 +58,6 @@ def sbatch_quote(text: str) -> str:
     if _PLAIN.fullmatch(text):
         return text
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-@dataclass
-class SlurmConfig:
-    """The batch job's settings (``scheduler.<field>=value``)."""
-
-    nodes: int = 1
-    """Nodes to allocate (``--nodes``); ``trainer.num_nodes`` follows."""
-    gpus_per_node: int = 0
-    """GPUs per node (``--gpus-per-node``), one task each; 0 for a CPU job: one task per node, DDP over gloo."""
-    cpus_per_task: int = 4
-    """CPU cores per task (``--cpus-per-task``): for the data, the tokenizer and the rollout engine."""
-    time: str = "04:00:00"
-    """Time limit (``--time``) in Slurm's formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
-    partition: str | None = None
-    """Partition (``--partition``); None for the cluster's default."""
-    account: str | None = None
-    """Account charged (``--account``); None for the user's default."""
-    job_name: str | None = None
-    """Name squeue shows (``--job-name``); None for the run directory's name."""
-    extra_sbatch: list[str] = field(default_factory=list)
-    """More ``#SBATCH`` lines, each the option as written after ``#SBATCH``, e.g. ``--mem=0``, ``--exclusive``."""
-    dry_run: bool = False
-    """Write and print the script, submit nothing."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.time, int) and not isinstance(self.time, bool):
-            self.time = str(self.time)  # minutes, as Hydra parses a bare number
-        check_fields(self, "scheduler")
-        for name, least, allowed in (("nodes", 1, "a positive integer"), ("cpus_per_task", 1, "a positive integer"),
-                                     ("gpus_per_node", 0, "an integer >= 0 (0 for a CPU job)")):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"scheduler.{name}={value!r} is invalid: must be {allowed}")
-        if not _TIME.fullmatch(self.time):
-            raise ValueError(f"scheduler.time={self.time!r} is invalid: must be a Slurm time limit: minutes, "
-                             f"MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
-        for name in ("partition", "account", "job_name"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, str) and _NAME.fullmatch(value)):
-                raise ValueError(f"scheduler.{name}={value!r} is invalid: must be a name without spaces or "
-                                 f"quotes, or null")
-        if self.job_name in ("bash", "interactive"):  # Lightning then ignores Slurm and launches ranks itself
-            raise ValueError(f"scheduler.job_name={self.job_name} is invalid: Lightning takes a job of that "
-                             f"name for an interactive shell, not a batch job")
-        if not isinstance(self.extra_sbatch, list):
-            raise ValueError(f"scheduler.extra_sbatch={self.extra_sbatch!r} is invalid: must be a list of "
-                             f"sbatch options, e.g. ['--mem=0']")
-        for line in self.extra_sbatch:
-            if not (isinstance(line, str) and line.startswith("-") and "\n" not in line):
-                raise ValueError(f"scheduler.extra_sbatch item {line!r} is invalid: must be an sbatch option "
-                                 f"such as --mem=0 (what follows #SBATCH)")
-        if not isinstance(self.dry_run, bool):
-            raise ValueError(f"scheduler.dry_run={self.dry_run!r} is invalid: must be true or false")
-
-    @property
-    def tasks_per_node(self) -> int:
-        """One task (rank) per GPU; on CPU one per node, whose cores its threads use."""
-        return self.gpus_per_node or 1
 
 
 def job_trainer(cfg: SlurmConfig, trainer: dict) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-import lit_ppo.cli.fit as cli_module
+import lit_ppo.cli.launch as cli_module
 from lit_ppo.__main__ import main
 from lit_ppo.errors import ConfigError
 from tests.integration.conftest import run_cli

@@ -95,7 +95,7 @@ def test_a_string_for_a_boolean_is_refused_in_a_real_process(tmp_path):
     # data and rollout (RolloutDataModule's arguments)
     (["data.dynamic_bs=maybe"], "data.dynamic_bs='maybe' is invalid: must be true or false"),
     (["data.system_prompt=[a,b]"], "data.system_prompt=['a', 'b'] is invalid: must be a string or null"),
-    (["data.seed=1.5"], "data.seed=1.5 is invalid: must be an integer"),
+    (["data.seed=1.5"], "data.seed=1.5 is invalid: must be an integer in [0, 4294967295]"),
     (["data.turn_discount=half"], "data.turn_discount='half' is invalid: must be a number"),
     (["rollout.max_logp_gap=big"], "rollout.max_logp_gap='big' is invalid: must be a number, 'auto' or null"),
     (["data.task_kwargs=x"], "data.task_kwargs='x' is invalid: must be a mapping or null"),

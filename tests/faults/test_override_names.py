@@ -12,7 +12,7 @@ import yaml
 
 from lit_ppo.__main__ import main
 from lit_ppo.cli.compose import compose
-from lit_ppo.cli.fit import evaluation_tree
+from lit_ppo.cli.launch import evaluation_tree
 from lit_ppo.cli.lightning_cli import LitPPOCLI
 from lit_ppo.errors import ConfigError
 from lit_ppo.run.resume import CONFIG_STATE_KEY

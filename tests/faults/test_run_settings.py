@@ -111,7 +111,7 @@ def test_an_in_memory_tracking_store_is_refused(capsys, tmp_path, monkeypatch, u
 
 
 def test_slurm_log_paths_with_spaces_are_quoted(tmp_path, monkeypatch, capsys):
-    import lit_ppo.cli.fit as cli_module
+    import lit_ppo.cli.launch as cli_module
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(cli_module, "LitPPOCLI", None)  # nothing is instantiated

@@ -18,7 +18,7 @@ import psutil
 import pytest
 import torch
 
-import lit_ppo.cli.fit as cli_module
+import lit_ppo.cli.launch as cli_module
 from lit_ppo.__main__ import main
 
 from .conftest import FAST, REPO, wait_for_text

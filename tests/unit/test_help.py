@@ -213,3 +213,31 @@ def test_help_loads_neither_torch_nor_lightning():
             "print(loaded[:3], time.perf_counter() - start, file=sys.stderr); sys.exit(bool(loaded))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
+
+
+MISTAKES = {
+    "algo=GRPO": "error: algo=GRPO is invalid (did you mean algo=grpo?): must be one of dapo, dapo_dynamic_bs, drgrpo, "
+                 "grpo, gspo, icepop, kpop, liteppo, ppo, rloo, sapo",
+    "actor.eps_clipp=0.3": "error: actor.eps_clipp is not a key (did you mean actor.eps_clip?)",
+    "actor.eps_clip=-1": "error: actor.eps_clip=-1 is invalid: must be a finite number >= 0.0",
+    "gconfig.n_samples=x": "error: gconfig.n_samples='x' is invalid: must be an integer",
+    "data.batch_sizee=3": "error: data.batch_sizee is not a key (did you mean data.batch_size?)",
+    "data.gconfig.n_sample=3": "error: data.gconfig.n_sample is not a key (did you mean data.gconfig.n_samples?)",
+    "scheduler.time=soon": "error: scheduler.time='soon' is invalid: must be a Slurm time limit: minutes, MM:SS, "
+                           "HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS",
+    "seed=-1": "error: seed=-1 is invalid: must be an integer in [0, 4294967295]",
+}
+"""A mistake in the composed sections -> its line, which comes before torch or Lightning loads."""
+
+
+def test_config_mistakes_are_reported_before_torch_loads():
+    code = ("import sys; from lit_ppo.cli import main\n"
+            f"for override in {list(MISTAKES)!r}:\n"
+            "    extra = ['scheduler=slurm'] if override.startswith('scheduler.') else []\n"
+            "    assert main(['fit', *extra, override]) == 2, override\n"
+            "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'lightning', 'transformers'))\n"
+            "print(loaded[:3], file=sys.stderr); sys.exit(bool(loaded))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == list(MISTAKES.values())
