@@ -27,6 +27,7 @@ from lit_ppo.cli.presets import (conf_dir, follow_sampling_temperature, group_op
                                  typed_overrides)
 from lit_ppo.config import EvalConfig, GenerationConfig, ModelConfig, PPOActorConfig, PPOCriticConfig, type_hints
 from lit_ppo.config.rollout import DATA_KEYS, DATA_SECTIONS
+from lit_ppo.config.checkpoint import CheckpointConfig, checkpoint_config
 from lit_ppo.config.keys import ROLLOUT_KEYS, SECTIONS, lightning_path, typed_key
 from lit_ppo.config.scheduler import JobConfig, RayConfig, SlurmConfig, scheduler_config
 from lit_ppo.errors import ConfigError
@@ -52,7 +53,7 @@ def _explain_hydra_error(error: Exception, overrides: list[str], typed: list[str
 
 
 _SECTION_TYPES = {"actor": PPOActorConfig, "critic": PPOCriticConfig, "gconfig": GenerationConfig,
-                  "model": ModelConfig, "eval": EvalConfig}
+                  "model": ModelConfig, "eval": EvalConfig, "checkpoint": CheckpointConfig}
 """Hydra-side section -> the dataclass that declares its fields (nested sections follow the type hints)."""
 _DATA_TYPES = {key: _SECTION_TYPES[key] for key in DATA_SECTIONS}
 """The data section's keys that are configs of their own -> their dataclass."""
@@ -196,6 +197,7 @@ def compose_run(overrides: list[str]) -> tuple[dict, JobConfig | None]:
         tree = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(_explain_hydra_error(e, overrides, typed)) from None
+    checkpoint_config(tree.pop("checkpoint", None))  # its values are in the ModelCheckpoint's arguments
     scheduler = scheduler_config(tree.pop("scheduler", None))
     return to_lightning_tree(tree), scheduler
 

@@ -45,6 +45,7 @@ from lit_ppo.run.mlflow_store import DEFAULT_EXPERIMENT, prepare_store, resolve_
 from lit_ppo.run.resume import CONFIG_STATE_KEY, recorded_run
 from lit_ppo.training.record import RECORD_KEY, RUN_KEY
 from lit_ppo.utils.fs import write_file_atomically
+from lit_ppo.utils.imports import is_object_reference
 from lit_ppo.utils.stop_requests import fail_after_iteration
 from lit_ppo.utils.text import first_line
 
@@ -229,7 +230,10 @@ def _component(text: str) -> str:
 
 
 def _short(text: str) -> str:
-    """The telling part of a task or model setting: a local path's last part, a dotted name's last."""
+    """The telling part of a task or model setting: a local path's last part, a dotted name's last (of a
+    Python object's reference too: ``python:__main__.Doubling`` is ``Doubling``)."""
+    if is_object_reference(text):
+        return _component(text.split("#")[0].rsplit(".", 1)[-1])
     text = os.path.basename(str(text).rstrip("/"))
     if re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*){2,}", text):  # package.module.Name (a file has one dot)
         text = text.rsplit(".", 1)[1]

@@ -12,7 +12,7 @@ from lit_ppo.tasks.dataset import DatasetTask
 from lit_ppo.tasks.gsm8k import GSM8KTask
 from lit_ppo.tasks.reasoning_gym import ReasoningGymTask
 from lit_ppo.tasks.word_problems import WordProblemsTask
-from lit_ppo.utils.imports import describe, import_object
+from lit_ppo.utils.imports import describe, import_object, is_object_reference
 from lit_ppo.utils.registry import Registry
 from lit_ppo.utils.text import did_you_mean
 
@@ -55,29 +55,37 @@ DEFAULT_TASK = "arithmetic"
 
 def build_task(name: str, **kwargs) -> Task:
     """The task registered as ``name``, or the class at dotted path ``name`` (importable from the
-    working directory) implementing the Task protocol, configured by ``kwargs``; ValueError naming
-    data.task for an unknown name, a path that cannot be imported or a class that is not a Task."""
-    if name in TASKS or not isinstance(name, str) or "." not in name:
+    working directory) implementing the Task protocol, configured by ``kwargs``, or the Task class or
+    instance a reference to a Python object names (``lit_ppo.utils.imports.object_reference``); ValueError
+    naming data.task for an unknown name, a path that cannot be imported or a class that is not a Task."""
+    if not is_object_reference(name) and (name in TASKS or not isinstance(name, str) or "." not in name):
         try:
             ctor = TASKS.get(name)
         except ValueError as e:
             raise ValueError(f"data.task={name!r} is invalid: {e}, or a dotted path module.Class") from None
         _check_kwargs(ctor, kwargs, name)
         return check_problems(ctor(**kwargs), name)
-    cls = import_object(name, "data.task", "Class")
-    if not isinstance(cls, type):
+    target = import_object(name, "data.task", "Class")
+    instance = is_object_reference(name) and not isinstance(target, type)
+    if not (isinstance(target, type) or instance):
         raise ValueError(f"data.task={name!r} is not a class: give a dotted path module.Class of a Task")
-    missing = [m for m in ("problems", "reward", "allowed_completion_tokens") if not callable(getattr(cls, m, None))]
+    missing = [m for m in ("problems", "reward", "allowed_completion_tokens") if not callable(getattr(target, m, None))]
     if missing:
         raise ValueError(f"data.task={name!r} does not implement the Task protocol: it lacks {', '.join(missing)} "
                          f"(see lit_ppo.tasks.base.Task)")
-    _check_kwargs(cls, kwargs, name)
-    try:
-        task = cls(**kwargs)
-    except (Exception, SystemExit) as e:  # the user's code: whatever it raises is a bad setting of data.task
-        given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
-        raise ValueError(f"data.task={name!r} cannot be constructed: {cls.__name__}({given}) raised "
-                         f"{describe(e)}") from None
+    if instance:
+        if kwargs:
+            raise ValueError(f"data.task={name!r} is a Task instance, constructed already: data.task_kwargs "
+                             f"({', '.join(kwargs)}) cannot be given to it")
+        task = target
+    else:
+        _check_kwargs(target, kwargs, name)
+        try:
+            task = target(**kwargs)
+        except (Exception, SystemExit) as e:  # the user's code: whatever it raises is a bad setting of data.task
+            given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+            raise ValueError(f"data.task={name!r} cannot be constructed: {target.__name__}({given}) raised "
+                             f"{describe(e)}") from None
     if not isinstance(getattr(task, "name", None), str):
         raise ValueError(f"data.task={name!r} does not implement the Task protocol: it has no string 'name'")
     return check_problems(task, name)

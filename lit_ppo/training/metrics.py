@@ -86,5 +86,8 @@ def log_iteration(module: L.LightningModule, metrics: dict[str, float], start: f
     totals = module.trainer.strategy.reduce(packed, reduce_op="sum").tolist()
     logged = {k: totals[i] if k in SUMMED else totals[i] / max(totals[len(names) + i], 1e-12)
               for i, k in enumerate(names)}
+    # Lightning takes a logged "step" as the loggers' step: the iteration as the console prints it (else
+    # the iteration before, counted from 0).
+    logged["step"] = float(module.trainer.global_step)
     # batch_size only silences Lightning's epoch-averaging bookkeeping; nothing is averaged here.
     module.log_dict(logged, on_step=True, on_epoch=False, sync_dist=False, batch_size=1)

@@ -1,4 +1,5 @@
-"""Import a user's object (task class, reward function) by dotted path, the working directory importable.
+"""Import a user's object (task class, reward function) by dotted path, the working directory importable,
+or take it from this process's Python objects (``object_reference``: what ``lit_ppo.compose`` was given).
 
 ``python -m lit_ppo`` already puts the working directory first on ``sys.path``, and a DDP launcher
 re-runs the same ``-m`` command in the same directory; a run started otherwise (a script, an
@@ -11,6 +12,33 @@ import importlib
 import os
 import sys
 from typing import Any
+
+REFERENCE_PREFIX = "python:"
+"""How a reference to a Python object of this process starts: ``python:<module>.<qualified name>``."""
+_OBJECTS: dict[str, Any] = {}
+"""Reference -> the Python object it stands for, in this process."""
+
+
+def object_reference(obj: Any) -> str:
+    """The name under which a config holds ``obj``, an object of this process (a function, a lambda, a Task
+    class or instance): ``python:<module>.<qualified name>``, the same for the same object, ``#2``, ``#3``
+    after it for another object of that name. ``import_object`` takes it back, in this process only."""
+    for reference, known in _OBJECTS.items():
+        if known is obj:
+            return reference
+    owner = obj if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__") else type(obj)
+    base = f"{REFERENCE_PREFIX}{getattr(owner, '__module__', None) or 'object'}.{owner.__qualname__}"
+    reference, n = base, 1
+    while reference in _OBJECTS:
+        n += 1
+        reference = f"{base}#{n}"
+    _OBJECTS[reference] = obj
+    return reference
+
+
+def is_object_reference(value: Any) -> bool:
+    """Whether ``value`` is a reference that ``object_reference`` makes."""
+    return isinstance(value, str) and value.startswith(REFERENCE_PREFIX)
 
 
 def ensure_cwd_importable() -> None:
@@ -28,7 +56,14 @@ def describe(error: BaseException) -> str:
 
 def import_object(path: str, key: str, what: str) -> Any:
     """The object at dotted ``path`` (``module.name``); ValueError naming ``key`` and ``what`` was
-    expected if it is not one or cannot be imported."""
+    expected if it is not one or cannot be imported. A reference to a Python object (``object_reference``)
+    is that object."""
+    if is_object_reference(path):
+        if path not in _OBJECTS:
+            raise ValueError(f"{key}={path!r} was a Python object of the process that composed the config: give "
+                             f"the object again (lit_ppo.compose(..., values={{{key.split('[')[0]!r}: ...}})) or a "
+                             f"dotted path module.{what}")
+        return _OBJECTS[path]
     if not isinstance(path, str) or "." not in path.strip(".") or path.startswith(".") or path.endswith("."):
         raise ValueError(f"{key}={path!r} is invalid: must be a dotted path module.{what}")
     ensure_cwd_importable()

@@ -28,7 +28,7 @@ def test_tensorboard_writes_every_iteration_into_the_run_directory(cli):
     (events,) = run_dir(cli.cwd).glob("tensorboard/version_0/events.out.tfevents.*")
     accumulator = EventAccumulator(str(events.parent))
     accumulator.Reload()
-    assert [e.step for e in accumulator.Scalars("rollout/reward_mean")] == [0, 1]
+    assert [e.step for e in accumulator.Scalars("rollout/reward_mean")] == [1, 2]
 
 
 @pytest.mark.slow
@@ -39,7 +39,7 @@ def test_csv_writes_every_iteration_into_the_run_directory(cli_here):
     assert result.returncode == 0, result.stderr[-3000:]
     with open(run_dir(cli.cwd) / "csv" / "version_0" / "metrics.csv", newline="") as f:
         rows = [row for row in csv.DictReader(f) if row["rollout/reward_mean"]]
-    assert [int(row["step"]) for row in rows] == [0, 1]
+    assert [int(row["step"]) for row in rows] == [1, 2]
     assert all(float(row["rollout/reward_mean"]) >= 0 for row in rows)
 
 

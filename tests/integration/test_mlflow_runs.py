@@ -58,7 +58,7 @@ def test_a_resumed_run_continues_its_directory_and_mlflow_run(first):
         "algo": "grpo", "task": "arithmetic", "model": "tiny", "engine": "hf", "world_size": "1",
         "lit_ppo_version": "0.1.0"}
     assert tags["git_sha"] and Path(tags["run_dir"]) == run_dir.resolve()
-    assert run.info.status == "FINISHED" and steps(client, run.info.run_id) == [0, 1]
+    assert run.info.status == "FINISHED" and steps(client, run.info.run_id) == [1, 2]
     started = (run_dir / "config.yaml").read_text()
 
     resumed = fit(cwd, cwd / "mlflow.db", 4, "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt"))
@@ -67,7 +67,7 @@ def test_a_resumed_run_continues_its_directory_and_mlflow_run(first):
     assert f"mlflow run id: {run.info.run_id} " in resumed.stderr
     client, again = one_run(cwd / "mlflow.db")
     assert again.info.run_id == run.info.run_id and again.info.status == "FINISHED"
-    assert steps(client, run.info.run_id) == [0, 1, 2, 3]  # on at the next iteration, nothing twice
+    assert steps(client, run.info.run_id) == [1, 2, 3, 4]  # on at the next iteration, nothing twice
     assert again.data.tags["run_dir"] == tags["run_dir"]
     assert again.data.params["trainer.max_steps"] == "2"  # MLflow params are the run's first settings
     assert list((cwd / "runs" / "runs").iterdir()) == [run_dir]
@@ -91,7 +91,7 @@ def test_a_checkpoint_whose_mlflow_run_is_elsewhere_starts_a_new_run(first, tmp_
     assert notes == [f"note: --ckpt_path {checkpoint}: its MLflow run {original.info.run_id} (of sqlite:///"
                      f"{cwd / 'mlflow.db'}) is not in sqlite:///{other}: starting a new run"], resumed.stderr[-3000:]
     new_client, new = one_run(other, "elsewhere")
-    assert new.info.status == "FINISHED" and steps(new_client, new.info.run_id) == [2]
+    assert new.info.status == "FINISHED" and steps(new_client, new.info.run_id) == [3]
     new_dir = Path(new.data.tags["run_dir"])
     assert new_dir.parent == (cwd / "runs" / "elsewhere").resolve()
     assert (new_dir / "config.yaml").is_file() and (new_dir / "checkpoints" / "last.ckpt").is_file()

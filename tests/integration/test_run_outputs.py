@@ -48,6 +48,7 @@ def test_a_fit_ends_with_a_summary_that_matches_the_record(demo_run, tmp_path):
     summary = dict(re.fullmatch(r"  (\S+(?: \S+)?)\s{2,}(.*)", line).groups() for line in block[1:])
     client, run = _run(demo_run)
     rewards = sorted(client.get_metric_history(run.info.run_id, "rollout/reward_mean"), key=lambda m: m.step)
+    assert [m.step for m in rewards] == list(range(1, 101))  # MLflow's steps are the iterations as printed
     assert summary["iterations"].startswith("100 of 100 (100 in ")
     assert summary["reward"] == (f"{rewards[0].value:.3g} (iteration 1) -> {rewards[-1].value:.3g} "
                                  f"(iteration 100)")

@@ -58,7 +58,7 @@ def test_an_offline_wandb_run_holds_the_runs_name_params_metrics_and_samples(tmp
     history = [{item.key or "/".join(item.nested_key): item.value_json for item in r.history.item}
                for r in records if r.WhichOneof("record_type") == "history"]
     rewards = [h for h in history if "rollout/reward_mean" in h]
-    assert [h["trainer/global_step"] for h in rewards] == ["0", "1"]
+    assert [h["trainer/global_step"] for h in rewards] == ["1", "2"]
     tables = [h for h in history if h.get("samples/_type") == '"table-file"']
     assert len(tables) == 2 and all(h["samples/nrows"] == "8" for h in tables)  # 8 rows at iterations 1 and 2
     saved = {r.files.files[0].path for r in records if r.WhichOneof("record_type") == "files" and r.files.files}

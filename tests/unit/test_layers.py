@@ -20,7 +20,7 @@ LAYERS = [
     ["lit_ppo.training", "lit_ppo.callbacks"],
     ["lit_ppo.run"],
     ["lit_ppo.schedulers"],
-    ["lit_ppo.cli", "lit_ppo.__main__"],
+    ["lit_ppo.cli", "lit_ppo.api", "lit_ppo.__main__"],
 ]
 """Bottom to top. Within a layer the packages may import each other, except in layer 2."""
 INDEPENDENT = {2}

@@ -1,0 +1,256 @@
+"""The Python API: ``compose`` a run's config from the presets as the command line does, with Python objects
+(reward functions, Task classes and instances) among its values, then ``fit`` it, ``validate`` / ``test``
+a checkpoint and ``export`` its policy, in this process (docs/python-api.md). Every function checks
+its input as the command line does and raises the same one-line ConfigError for a mistake.
+
+A config holds a Python object as a reference (``python:<module>.<name>``, ``lit_ppo.utils.imports``), which
+only this process resolves: such a run trains in one process (no DDP launcher, no scheduler), and its
+recorded ``config.yaml`` replays with the object given again."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lit_ppo.cli.check import check_config
+from lit_ppo.cli.compose import compose_run
+from lit_ppo.cli.launch import evaluation_tree
+from lit_ppo.cli.lightning_cli import LitPPOCLI, quiet_expected_output, write_config
+from lit_ppo.config.keys import SECTIONS, lightning_path, typed_key
+from lit_ppo.config.sections import Sections, check_sections
+from lit_ppo.errors import ConfigError, RunStopped
+from lit_ppo.run import export as run_export
+from lit_ppo.run.resume import check_resume_args
+from lit_ppo.utils.imports import is_object_reference, object_reference
+from lit_ppo.utils.stop_requests import (exit_on_signals, forget_stop_requests, pending_failure, received_signal,
+                                         signal_name)
+
+PLAIN = (bool, int, float, str, type(None))
+"""Values a config holds as they are; anything else (a function, a Task) is held by reference."""
+
+
+class RunConfig:
+    """A composed config: LightningCLI's tree (``tree``, what ``--print_config`` prints), read and set by
+    the keys the command line types (``config["actor.eps_clip"]``, ``config["data.task_kwargs.reward_fns"]``).
+    A value may be a Python object: it is held by reference (``python:<module>.<name>``)."""
+
+    def __init__(self, tree: dict):
+        self.tree = tree
+        """LightningCLI's config tree: model, data, trainer, seed_everything."""
+
+    def __getitem__(self, key: str) -> Any:
+        """The value of ``key``: as the config sets it, else its section's default (``actor.eps_clip``)."""
+        node = self.tree
+        for part in _path(key):
+            if not isinstance(node, dict) or part not in node:
+                return _section_default(self.tree, key)
+            node = node[part]
+        return node
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        *parents, last = _path(key)
+        node = self.tree
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{key}: {part} is not a mapping in this config")
+        node[last] = _held(value)
+        if key == "seed":  # as on the command line, where data.seed follows seed
+            self.tree.setdefault("data", {})["seed"] = node[last]
+
+    def to_yaml(self) -> str:
+        """The config as ``--print_config`` prints it: ``python -m lit_ppo fit --config FILE`` replays it
+        (a config that holds Python objects replays only through this API, the objects given again)."""
+        return yaml.safe_dump(self.tree, sort_keys=False)
+
+    def __repr__(self) -> str:
+        return f"RunConfig(algo={self.tree.get('model', {}).get('algo')!r}, task={self.tree.get('data', {}).get('task')!r})"
+
+
+@dataclass
+class FitResult:
+    """What ``fit`` made."""
+
+    run_dir: Path
+    """The run's directory: config.yaml, checkpoints/, model/, samples.jsonl, summary.txt."""
+    checkpoint: Path
+    """Its ``last.ckpt``: resume, validate or export from it."""
+    model_dir: Path | None
+    """The final policy as a Hugging Face model directory (transformers and vLLM load it); None when the
+    run stopped early."""
+    metrics: dict[str, float]
+    """The last value of every metric (``rollout/reward_mean``, ``eval/accuracy``, ...)."""
+    stopped_by: str | None
+    """The signal that stopped the run after a completed iteration (``SIGINT``, ``SIGTERM``), else None."""
+
+
+def compose(*overrides: str, values: dict[str, Any] | None = None) -> RunConfig:
+    """The config of ``python -m lit_ppo fit <overrides>``: the presets (``algo=grpo``, ``data=dataset``)
+    and ``key=value`` overrides composed and checked; then ``values``, ``{key: value}`` under the command
+    line's keys, set on top, where a value may be any Python object: a reward function or a lambda in
+    ``data.task_kwargs.reward_fns``, a Task class or instance as ``data.task`` (an instance takes no
+    ``data.task_kwargs``: the preset's are dropped unless ``values`` gives some). ConfigError of one line
+    for a mistake."""
+    values = dict(values or {})
+    plain = {k: v for k, v in values.items() if _is_plain(v)}
+    typed = [*overrides, *(f"{key}={_yaml(value)}" for key, value in plain.items())]
+    tree, scheduler = compose_run(typed)
+    if scheduler is not None:
+        raise ConfigError("scheduler=slurm|ray submits a job: run it from the command line (python -m lit_ppo fit "
+                          "... scheduler=...); lit_ppo.fit trains in this process")
+    config = RunConfig(tree)
+    for key, value in values.items():
+        if key not in plain:
+            config[key] = value
+    task = values.get("data.task")
+    if task is not None and not _is_plain(task) and not isinstance(task, type) and "data.task_kwargs" not in values:
+        config["data.task_kwargs"] = {}
+    check_sections(config.tree)
+    return config
+
+
+def fit(config: RunConfig, ckpt_path: str | Path | None = None) -> FitResult:
+    """Train the run ``config`` in this process, from scratch or resuming ``ckpt_path`` (a ``last.ckpt``),
+    as ``python -m lit_ppo fit`` does: its run directory, checkpoints, tracking, final evaluation and
+    exported model. ConfigError for a mistake found before anything loads, RunStopped when the run
+    failed (its one line; the traceback in the run directory's ``error.log``)."""
+    tree = copy.deepcopy(config.tree)
+    _check_one_process(tree)
+    check_config(tree, "fit")
+    flags = ["--ckpt_path", str(ckpt_path)] if ckpt_path is not None else []
+    check_resume_args(flags, tree, error=ConfigError)
+    cli = _run_cli(["fit", "--config", write_config(tree), *flags])
+    checkpoint = cli.run_dir / "checkpoints" / "last.ckpt"
+    model_dir = cli.run_dir / "model"
+    signum = received_signal()
+    return FitResult(run_dir=cli.run_dir, checkpoint=checkpoint, model_dir=model_dir if model_dir.is_dir() else None,
+                     metrics=_metrics(cli.trainer), stopped_by=signal_name(signum) if signum is not None else None)
+
+
+def validate(ckpt_path: str | Path, *overrides: str) -> dict[str, float]:
+    """The test-split scores of the checkpoint ``ckpt_path`` (``eval/accuracy``, ``eval/pass_at_4``, ...)
+    under its own config with ``key=value`` overrides (``eval.k=8``), as ``python -m lit_ppo validate
+    --ckpt_path`` prints them."""
+    return _evaluate("validate", ckpt_path, overrides)
+
+
+def test(ckpt_path: str | Path, *overrides: str) -> dict[str, float]:
+    """As ``validate``, through Lightning's test loop (``python -m lit_ppo test``)."""
+    return _evaluate("test", ckpt_path, overrides)
+
+
+test.__test__ = False  # a function of the API, not one for pytest to collect
+
+
+def export(ckpt_path: str | Path, output: str | Path | None = None, *, adapter: str | Path | None = None,
+           overwrite: bool = False) -> list[Path]:
+    """The checkpoint's policy as a Hugging Face model directory ``output`` (LoRA adapters merged) and / or
+    its LoRA adapter in peft's format at ``adapter``, as ``python -m lit_ppo export`` writes them; the
+    directories written."""
+    quiet_expected_output()
+    return run_export.export(ckpt_path, output, overwrite, adapter)
+
+
+def _evaluate(subcommand: str, ckpt_path: str | Path, overrides: tuple[str, ...]) -> dict[str, float]:
+    tree = evaluation_tree(subcommand, str(ckpt_path), list(overrides))
+    if tree is None:
+        raise ConfigError(f"--ckpt_path {ckpt_path} records no config: score it from the command line with the "
+                          f"fit overrides it was trained with")
+    check_config(tree, subcommand)
+    cli = _run_cli([subcommand, "--config", write_config(tree), "--ckpt_path", str(ckpt_path)])
+    return {k: v for k, v in _metrics(cli.trainer).items() if k.startswith("eval/")}
+
+
+def _run_cli(args: list[str]) -> LitPPOCLI:
+    """LitPPOCLI run on ``args`` under the signal handling of the command line; RunStopped for a failure
+    that ended an iteration."""
+    quiet_expected_output()
+    forget_stop_requests()
+    with exit_on_signals():
+        cli = LitPPOCLI(args)
+    failure = pending_failure()
+    if failure is not None:
+        raise RunStopped(failure)
+    return cli
+
+
+def _check_one_process(tree: dict) -> None:
+    """ConfigError for a config with Python objects whose trainer would start more processes."""
+    references = [key for key, value in _leaves(tree) if is_object_reference(value)]
+    if not references:
+        return
+    trainer = tree.get("trainer") or {}
+    devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1)
+    count = len(devices) if isinstance(devices, list) else devices if isinstance(devices, int) else 1
+    if count > 1 or nodes != 1 or devices == -1:
+        raise ConfigError(f"{typed_key(references[0])} is a Python object of this process: a run on more than one "
+                          f"process (trainer.devices={devices}, trainer.num_nodes={nodes}) needs a dotted path "
+                          f"module.name that every rank imports")
+
+
+def _leaves(node: Any, key: str = ""):
+    if isinstance(node, dict):
+        for name, child in node.items():
+            yield from _leaves(child, f"{key}.{name}" if key else str(name))
+    elif isinstance(node, list):
+        for child in node:
+            yield from _leaves(child, key)
+    else:
+        yield key, node
+
+
+def _metrics(trainer) -> dict[str, float]:
+    return {key: float(value) for key, value in trainer.callback_metrics.items() if key != "step"}
+
+
+def _section_default(tree: dict, key: str) -> Any:
+    """The value of ``key`` in its built section (a dataclass field's default); KeyError if none has it."""
+    root, *rest = key.split(".")
+    node = getattr(check_sections(tree), root, None) if root in Sections._fields else None
+    for part in rest:
+        if node is None or not hasattr(node, part):
+            raise KeyError(key)
+        node = getattr(node, part)
+    if node is None and rest:
+        raise KeyError(key)
+    return node
+
+
+def _path(key: str) -> tuple[str, ...]:
+    path = lightning_path(key)
+    if path is None:
+        raise ConfigError(f"{key} is not a key: must start with one of {', '.join(SECTIONS)}")
+    return path
+
+
+def _is_plain(value: Any) -> bool:
+    """Whether ``value`` is YAML the command line could type (no Python objects inside)."""
+    if isinstance(value, PLAIN):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    return False
+
+
+def _held(value: Any) -> Any:
+    """``value`` as a config holds it: Python objects as references, lists and mappings item by item."""
+    if isinstance(value, PLAIN):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_held(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _held(v) for k, v in value.items()}
+    return object_reference(value)
+
+
+def _yaml(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+
+
+__all__ = ["FitResult", "RunConfig", "compose", "export", "fit", "test", "validate"]

@@ -1,0 +1,42 @@
+"""The ``checkpoint`` section: how often a fit writes a periodic checkpoint and how many it keeps. The
+trainer presets' ModelCheckpoint takes its arguments from here (``${checkpoint.*}``); ``last.ckpt`` is
+written beside the periodic checkpoints, after the final iteration and when a signal stops the run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from lit_ppo.config.checks import check_fields, check_positive_int, fail
+from lit_ppo.errors import ConfigError
+
+
+@dataclass
+class CheckpointConfig:
+    """The run's checkpoints in ``<run dir>/checkpoints/``: a periodic one every few iterations, the
+    newest few kept, and ``last.ckpt``."""
+
+    every_n_iterations: int = 20
+    """Write a checkpoint every this many iterations (``epoch=0-step=<iteration>.ckpt``, Lightning's
+    ``every_n_train_steps``)."""
+    keep: int = 3
+    """Keep the newest this many periodic checkpoints, deleting the oldest as a new one is written
+    (Lightning's ``save_top_k`` by iteration); -1 keeps every one, 0 none: ``last.ckpt`` is always kept."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "checkpoint")
+        check_positive_int("checkpoint.every_n_iterations", self.every_n_iterations)
+        if self.keep < -1:
+            fail("checkpoint.keep", self.keep, "a number of checkpoints >= 0, or -1 to keep every one")
+
+
+def checkpoint_config(section: Any) -> CheckpointConfig:
+    """The composed ``checkpoint`` section, checked; ConfigError of one line naming the key."""
+    section = dict(section or {})
+    for name in section:
+        if name not in CheckpointConfig.__dataclass_fields__:
+            raise ConfigError(f"checkpoint.{name} is not a key: allowed: {', '.join(CheckpointConfig.__dataclass_fields__)}")
+    try:
+        return CheckpointConfig(**section)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None

@@ -1,0 +1,37 @@
+"""checkpoint.keep keeps the newest periodic checkpoints (and last.ckpt), counted on a real fit and on
+its resume, which goes on deleting the oldest of the run's checkpoints; 0 keeps last.ckpt alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tests.integration.conftest import run_dir
+
+TINY = ["logger=none", "data.batch_size=2", "gconfig.n_samples=2", "eval.max_problems=0",
+        "trainer.enable_progress_bar=false", "checkpoint.every_n_iterations=2"]
+
+
+def kept(directory: Path) -> dict[str, int]:
+    """Checkpoint file name -> the iteration it holds."""
+    return {p.name: torch.load(p, map_location="cpu", weights_only=False)["global_step"]
+            for p in sorted((directory / "checkpoints").glob("*.ckpt"))}
+
+
+def test_the_newest_checkpoints_are_kept_across_a_resume(cli_here):
+    first = cli_here("fit", *TINY, "checkpoint.keep=2", "trainer.max_steps=7")
+    assert first.returncode == 0, first.stderr[-3000:]
+    directory = run_dir(cli_here.cwd)
+    # Written at iterations 2, 4 and 6: the newest two stay, and last.ckpt holds iteration 7.
+    assert kept(directory) == {"epoch=0-step=4.ckpt": 4, "epoch=0-step=6.ckpt": 6, "last.ckpt": 7}
+    again = cli_here("fit", *TINY, "checkpoint.keep=2", "trainer.max_steps=10",
+                     "--ckpt_path", str(directory / "checkpoints" / "last.ckpt"))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert kept(directory) == {"epoch=0-step=8.ckpt": 8, "epoch=0-step=10.ckpt": 10, "last.ckpt": 10}
+
+
+def test_keep_0_leaves_last_ckpt_alone(cli_here):
+    result = cli_here("fit", *TINY, "checkpoint.keep=0", "trainer.max_steps=3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert kept(run_dir(cli_here.cwd)) == {"last.ckpt": 3}
