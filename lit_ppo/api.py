@@ -18,6 +18,7 @@ import yaml
 
 from lit_ppo.cli.check import check_config
 from lit_ppo.cli.compose import compose_run
+from lit_ppo.cli.presets import group_options, is_group
 from lit_ppo.cli.launch import evaluation_tree
 from lit_ppo.cli.lightning_cli import LitPPOCLI, quiet_expected_output, write_config
 from lit_ppo.config.keys import SECTIONS, lightning_path, typed_key
@@ -96,6 +97,10 @@ def compose(*overrides: str, values: dict[str, Any] | None = None) -> RunConfig:
     ``data.task_kwargs``: the preset's are dropped unless ``values`` gives some). ConfigError of one line
     for a mistake."""
     values = dict(values or {})
+    for key, value in values.items():
+        if is_group(f"{key}="):
+            raise ConfigError(f"{key} is a preset group, not a value: give {key}={value if isinstance(value, str) else '<option>'} "
+                              f"among the overrides (one of {', '.join(group_options(key))})")
     plain = {k: v for k, v in values.items() if _is_plain(v)}
     typed = [*overrides, *(f"{key}={_yaml(value)}" for key, value in plain.items())]
     tree, scheduler = compose_run(typed)

@@ -65,6 +65,24 @@ def test_the_first_example_runs_as_written(tmp_path):
         "...})) or a dotted path module.function")
 
 
+def test_the_readmes_example_runs_in_this_process(tmp_path, monkeypatch):
+    code = re.search(r"^```python\n(import lit_ppo\n.*?)```", (REPO / "README.md").read_text(), re.S | re.M).group(1)
+    shrunk = code.replace('"trainer.max_steps": 20', '"trainer.max_steps": 1, "data.batch_size": 2, "gconfig.n_samples": 2, '
+                          '"gconfig.max_new_tokens": 4, "eval.max_problems": 2').replace(
+        '"algo=grpo",', '"algo=grpo", "logger=none",')
+    assert shrunk != code
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LIT_PPO_CACHE", str(tmp_path / "cache"))
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.jsonl").write_text("".join(f'{{"prompt": "{i}+1=", "answer": "{(i + 1) % 10}"}}\n'
+                                                         for i in range(8)))
+    namespace = {"__name__": "__main__"}
+    exec(compile(shrunk, "README.md", "exec"), namespace)
+    result, scores = namespace["result"], namespace["scores"]
+    assert result.checkpoint.is_file() and result.model_dir is not None and "rollout/reward_mean" in result.metrics
+    assert set(scores) >= {"eval/accuracy", "eval/reward_mean"} and 0 <= scores["eval/accuracy"] <= 1
+
+
 def test_the_task_example_runs_in_this_process(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("LIT_PPO_CACHE", str(tmp_path / "cache"))
@@ -93,6 +111,8 @@ def test_a_config_is_read_and_set_by_the_command_lines_keys():
                          "drgrpo, grpo, gspo, icepop, kpop, liteppo, ppo, rloo, sapo"),
     ((), {"actor.eps_clip": -1}, "actor.eps_clip=-1 is invalid: must be a finite number >= 0.0"),
     ((), {"actor.eps_clipp": 0.3}, "actor.eps_clipp is not a key (did you mean actor.eps_clip?)"),
+    ((), {"logger": None}, "logger is a preset group, not a value: give logger=<option> among the overrides (one "
+                           "of csv, mlflow, none, tensorboard, wandb)"),
     (("scheduler=slurm",), {}, "scheduler=slurm|ray submits a job: run it from the command line (python -m lit_ppo "
                                "fit ... scheduler=...); lit_ppo.fit trains in this process"),
 ])

@@ -203,15 +203,21 @@ def test_version(capsys):
     assert f"torch {importlib.metadata.version('torch')}" in text
 
 
-def test_help_loads_neither_torch_nor_lightning():
-    code = ("import sys, time; start = time.perf_counter(); from lit_ppo.cli import main\n"
-            "for args in (['fit', '--help'], ['fit', 'algo=ppo', 'trainer=ddp', 'data=gsm8k', '--help'],\n"
-            "             ['validate', '--help'],\n"
-            "             ['export', '--help'], ['compare', '--help'], ['sweep', '--help'], ['--version']):\n"
-            "    assert main(args) == 0, args\n"
+def without_torch(calls: str) -> subprocess.CompletedProcess:
+    """A new interpreter running ``calls`` (with ``main`` of lit_ppo.cli imported); its exit code is 1 if
+    torch, Lightning or transformers were loaded (the first of them on stderr)."""
+    code = ("import sys; from lit_ppo.cli import main\n" + calls + "\n"
             "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'lightning', 'transformers'))\n"
-            "print(loaded[:3], time.perf_counter() - start, file=sys.stderr); sys.exit(bool(loaded))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+            "print(loaded[:3], file=sys.stderr); sys.exit(bool(loaded))")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_help_loads_neither_torch_nor_lightning():
+    result = without_torch(
+        "for args in (['fit', '--help'], ['fit', 'algo=ppo', 'trainer=ddp', 'data=gsm8k', '--help'],\n"
+        "             ['validate', '--help'],\n"
+        "             ['export', '--help'], ['compare', '--help'], ['sweep', '--help'], ['--version']):\n"
+        "    assert main(args) == 0, args")
     assert result.returncode == 0, result.stderr
 
 
@@ -231,13 +237,10 @@ MISTAKES = {
 
 
 def test_config_mistakes_are_reported_before_torch_loads():
-    code = ("import sys; from lit_ppo.cli import main\n"
-            f"for override in {list(MISTAKES)!r}:\n"
-            "    extra = ['scheduler=slurm'] if override.startswith('scheduler.') else []\n"
-            "    assert main(['fit', *extra, override]) == 2, override\n"
-            "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'lightning', 'transformers'))\n"
-            "print(loaded[:3], file=sys.stderr); sys.exit(bool(loaded))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    result = without_torch(
+        f"for override in {list(MISTAKES)!r}:\n"
+        "    extra = ['scheduler=slurm'] if override.startswith('scheduler.') else []\n"
+        "    assert main(['fit', *extra, override]) == 2, override")
     assert result.returncode == 0, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == list(MISTAKES.values())
