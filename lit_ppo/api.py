@@ -99,10 +99,11 @@ def compose(*overrides: str, values: dict[str, Any] | None = None) -> RunConfig:
     values = dict(values or {})
     for key, value in values.items():
         if is_group(f"{key}="):
-            raise ConfigError(f"{key} is a preset group, not a value: give {key}={value if isinstance(value, str) else '<option>'} "
-                              f"among the overrides (one of {', '.join(group_options(key))})")
+            option = value if isinstance(value, str) else "<option>"
+            raise ConfigError(f"{key} is a preset group, not a value: give {key}={option} among the overrides "
+                              f"(one of {', '.join(group_options(key))})")
     plain = {k: v for k, v in values.items() if _is_plain(v)}
-    typed = [*overrides, *(f"{key}={_yaml(value)}" for key, value in plain.items())]
+    typed = [*overrides, *(f"{key}={_override_value(value)}" for key, value in plain.items())]
     tree, scheduler = compose_run(typed)
     if scheduler is not None:
         raise ConfigError("scheduler=slurm|ray submits a job: run it from the command line (python -m lit_ppo fit "
@@ -121,8 +122,9 @@ def compose(*overrides: str, values: dict[str, Any] | None = None) -> RunConfig:
 def fit(config: RunConfig, ckpt_path: str | Path | None = None) -> FitResult:
     """Train the run ``config`` in this process, from scratch or resuming ``ckpt_path`` (a ``last.ckpt``),
     as ``python -m lit_ppo fit`` does: its run directory, checkpoints, tracking, final evaluation and
-    exported model. ConfigError for a mistake found before anything loads, RunStopped when the run
-    failed (its one line; the traceback in the run directory's ``error.log``)."""
+    exported model. ConfigError for a mistake found before anything loads; RunStopped, of one line, for a
+    run that a failure ended (an invalid reward, a stale engine, user code that exited); any other error
+    as it was raised."""
     tree = copy.deepcopy(config.tree)
     _check_one_process(tree)
     check_config(tree, "fit")
@@ -254,8 +256,16 @@ def _held(value: Any) -> Any:
     return object_reference(value)
 
 
-def _yaml(value: Any) -> str:
-    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+def _override_value(value: Any) -> str:
+    """``value`` as the value of a Hydra override: strings quoted, so that ``'true'``, ``'1'`` or a path
+    with ``=``, ``,`` or spaces stays the string it is."""
+    if isinstance(value, str):
+        return "'" + value.replace("'", "\\'") + "'"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(map(_override_value, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_override_value(v)}" for k, v in value.items()) + "}"
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
 
 
 __all__ = ["FitResult", "RunConfig", "compose", "export", "fit", "test", "validate"]

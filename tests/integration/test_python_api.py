@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 import lit_ppo
-from lit_ppo.errors import ConfigError
+from lit_ppo.errors import ConfigError, RunStopped
 from lit_ppo.tasks import build_task
 from lit_ppo.tasks.base import Problem
 from tests.integration.conftest import REPO, run_cli, run_dir
@@ -106,6 +106,17 @@ def test_a_config_is_read_and_set_by_the_command_lines_keys():
         config["actor.no_such_key"]
 
 
+def test_values_keep_their_python_types():
+    path = "/data/my 'own' set=1,2.jsonl"
+    config = lit_ppo.compose("data=dataset", values={
+        "data.task_kwargs.train_path": path, "data.system_prompt": "true", "actor.optimizer.lr": 1e-6,
+        "gconfig.temperature": 0.7, "actor.adv_norm": None, "data.task_kwargs.completion_tokens": [0, 1]})
+    assert config["data.task_kwargs.train_path"] == path and config["data.system_prompt"] == "true"
+    assert config["actor.optimizer.lr"] == 1e-6 and config["actor.adv_norm"] is None
+    assert config["data.task_kwargs.completion_tokens"] == [0, 1]
+    assert config["actor.temperature"] == 0.7  # the trainer's follows the sampler's, as on the command line
+
+
 @pytest.mark.parametrize("overrides,values,line", [
     (("algo=GRPO",), {}, "algo=GRPO is invalid (did you mean algo=grpo?): must be one of dapo, dapo_dynamic_bs, "
                          "drgrpo, grpo, gspo, icepop, kpop, liteppo, ppo, rloo, sapo"),
@@ -156,3 +167,20 @@ def test_import_lit_ppo_loads_no_torch():
     """)
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
     assert lit_ppo.fit is lit_ppo.api.fit  # on first use, from lit_ppo.api
+
+
+def test_a_failed_run_raises_run_stopped_of_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LIT_PPO_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "train.jsonl").write_text("".join(f'{{"prompt": "{i}=", "answer": "{i}"}}\n' for i in range(4)))
+
+    def broken(prompts, completions, **columns):
+        raise ValueError("no reward today")
+
+    config = lit_ppo.compose("data=dataset", "data.task_kwargs.train_path=train.jsonl", "logger=none",
+                             "data.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=2",
+                             values={"data.task_kwargs.reward_fns": [broken], "trainer.max_steps": 2})
+    with pytest.raises(RunStopped) as error:
+        lit_ppo.fit(config)
+    assert str(error.value).startswith(f"reward function 'python:{__name__}.test_a_failed_run_raises_run_stopped_of_one_"
+                                       f"line.<locals>.broken' raised ValueError: no reward today for prompt ")
