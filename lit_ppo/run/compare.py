@@ -7,8 +7,8 @@ run in start order and draws ``--metric`` against the iteration, one line per ru
 
 The columns, all read back from MLflow:
 
-- iterations: the last step of ``rollout/reward_mean`` + 1 (MLflow steps count iterations from 0),
-  so a finished run shows its ``trainer.max_steps``;
+- iterations: the last step of ``rollout/reward_mean`` (MLflow steps are the iterations as the console
+  prints them, from 1), so a finished run shows its ``trainer.max_steps``;
 - final reward / best reward: the last and the largest value of ``rollout/reward_mean``;
 - eval accuracy, KL, clip fraction, entropy: the last ``eval/accuracy``, ``actor/approx_kl``,
   ``actor/clip_fraction``, ``actor/entropy`` (``-`` when the run logged none);
@@ -170,7 +170,7 @@ def summarize(client, run) -> RunSummary:
     return RunSummary(
         run_id=run.info.run_id, name=run.info.run_name or run.info.run_id,
         algo=run.data.tags.get("algo") or run.data.params.get("algo") or "-",
-        iterations=rewards[-1].step + 1 if rewards else 0,
+        iterations=rewards[-1].step if rewards else 0,
         final_reward=rewards[-1].value if rewards else None,
         best_reward=max(point.value for point in rewards) if rewards else None,
         iterations_per_s=rate, eval_accuracy=metrics.get("eval/accuracy"), kl=metrics.get("actor/approx_kl"),
@@ -218,13 +218,13 @@ def check_output(output: str) -> Path:
 
 
 def curves(client, runs: list, metric: str) -> dict[str, tuple[list[int], list[float]]]:
-    """``{run name: (iterations counted from 1, values)}`` of the runs that logged ``metric``;
+    """``{run name: (iterations, values)}`` of the runs that logged ``metric``;
     ConfigError listing the metrics the runs have when none did."""
     out = {}
     for run in runs:
         history = metric_history(client, run.info.run_id, metric)
         if history:
-            out[run.info.run_name or run.info.run_id] = ([p.step + 1 for p in history], [p.value for p in history])
+            out[run.info.run_name or run.info.run_id] = ([p.step for p in history], [p.value for p in history])
     if not out:
         logged = sorted({name for run in runs for name in run.data.metrics})
         raise ConfigError(f"--metric {metric}: no selected run logged it; logged: {', '.join(logged) or 'none'}")

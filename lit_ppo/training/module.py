@@ -340,8 +340,10 @@ class LitPPO(L.LightningModule):
         # Float64 tensors: Lightning would store Python floats in float32. An evaluation that a stop cut
         # short scored only part of the split: no score.
         if metrics and not stop_requested():
-            self.log_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}, on_step=False,
-                          on_epoch=True, sync_dist=False, batch_size=1)
+            logged = {k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}
+            if self.trainer.state.fn == "fit":  # the iteration scored, as printed (validate/test have no iteration)
+                logged["step"] = torch.tensor(float(self.trainer.global_step))
+            self.log_dict(logged, on_step=False, on_epoch=True, sync_dist=False, batch_size=1)
         datamodule.engine.sleep()
 
     on_test_epoch_start = on_validation_epoch_start

@@ -41,7 +41,6 @@ def logged_metrics(demo_run) -> dict[str, list[tuple[int, float]]]:
     """Every non-timing metric of the demo run's MLflow run: (step, value) pairs in step order."""
     client = MlflowClient(demo_run.env["MLFLOW_TRACKING_URI"])
     (run,) = client.search_runs([client.get_experiment_by_name("lit_ppo").experiment_id])
-    # Sorted by value within a step too: Lightning logs `epoch` twice at an evaluation's step.
     return {key: sorted(((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)))
             for key in sorted(run.data.metrics) if not key.startswith(TIMING)}
 
@@ -66,8 +65,8 @@ def compare(logged: dict, recorded: dict, close, iterations: int | None = None) 
         f"metrics only in this run: {sorted(logged.keys() - recorded.keys())}; only in {FIXTURE.name}: "
         f"{sorted(recorded.keys() - logged.keys())} (a metric of the synchronous path was added or dropped)")
     for key in sorted(recorded):
-        want = [(step, value) for step, value in recorded[key] if iterations is None or step < iterations]
-        got = [(step, value) for step, value in logged[key] if iterations is None or step < iterations]
+        want = [(step, value) for step, value in recorded[key] if iterations is None or step <= iterations]
+        got = [(step, value) for step, value in logged[key] if iterations is None or step <= iterations]
         if [s for s, _ in got] != [s for s, _ in want]:
             raise AssertionError(f"{key}: logged at steps {[s for s, _ in got]}, the fixture has {[s for s, _ in want]}")
         for (step, value), (_, value_then) in zip(got, want):
