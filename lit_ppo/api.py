@@ -21,7 +21,7 @@ from lit_ppo.cli.compose import compose_run
 from lit_ppo.cli.presets import group_options, is_group
 from lit_ppo.cli.launch import evaluation_tree
 from lit_ppo.cli.lightning_cli import LitPPOCLI, quiet_expected_output, write_config
-from lit_ppo.config.keys import SECTIONS, lightning_path, typed_key
+from lit_ppo.config.keys import key_path, set_key, typed_key
 from lit_ppo.config.sections import Sections, check_sections
 from lit_ppo.errors import ConfigError, RunStopped
 from lit_ppo.run import export as run_export
@@ -46,22 +46,14 @@ class RunConfig:
     def __getitem__(self, key: str) -> Any:
         """The value of ``key``: as the config sets it, else its section's default (``actor.eps_clip``)."""
         node = self.tree
-        for part in _path(key):
+        for part in key_path(key):
             if not isinstance(node, dict) or part not in node:
                 return _section_default(self.tree, key)
             node = node[part]
         return node
 
     def __setitem__(self, key: str, value: Any) -> None:
-        *parents, last = _path(key)
-        node = self.tree
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{key}: {part} is not a mapping in this config")
-        node[last] = _held(value)
-        if key == "seed":  # as on the command line, where data.seed follows seed
-            self.tree.setdefault("data", {})["seed"] = node[last]
+        set_key(self.tree, key, _held(value))
 
     def to_yaml(self) -> str:
         """The config as ``--print_config`` prints it: ``python -m lit_ppo fit --config FILE`` replays it
@@ -225,13 +217,6 @@ def _section_default(tree: dict, key: str) -> Any:
     if node is None and rest:
         raise KeyError(key)
     return node
-
-
-def _path(key: str) -> tuple[str, ...]:
-    path = lightning_path(key)
-    if path is None:
-        raise ConfigError(f"{key} is not a key: must start with one of {', '.join(SECTIONS)}")
-    return path
 
 
 def _is_plain(value: Any) -> bool:

@@ -27,9 +27,10 @@ from lit_ppo.cli.presets import (conf_dir, follow_sampling_temperature, group_op
                                  typed_overrides)
 from lit_ppo.config import EvalConfig, GenerationConfig, ModelConfig, PPOActorConfig, PPOCriticConfig, type_hints
 from lit_ppo.config.rollout import DATA_KEYS, DATA_SECTIONS
-from lit_ppo.config.checkpoint import CheckpointConfig, checkpoint_config
+from lit_ppo.config.checkpoint import CheckpointConfig
 from lit_ppo.config.keys import ROLLOUT_KEYS, SECTIONS, lightning_path, typed_key
 from lit_ppo.config.scheduler import JobConfig, RayConfig, SlurmConfig, scheduler_config
+from lit_ppo.config.sections import construct
 from lit_ppo.errors import ConfigError
 from lit_ppo.utils.text import closest, did_you_mean, one_of
 
@@ -197,7 +198,8 @@ def compose_run(overrides: list[str]) -> tuple[dict, JobConfig | None]:
         tree = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(_explain_hydra_error(e, overrides, typed)) from None
-    checkpoint_config(tree.pop("checkpoint", None))  # its values are in the ModelCheckpoint's arguments
+    # Checked only: the trainer presets' ModelCheckpoint holds its values (${checkpoint.*}).
+    construct(CheckpointConfig, tree.pop("checkpoint", None) or {}, "checkpoint")
     scheduler = scheduler_config(tree.pop("scheduler", None))
     return to_lightning_tree(tree), scheduler
 

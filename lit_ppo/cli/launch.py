@@ -27,7 +27,7 @@ from lit_ppo.cli.compose import compose_run
 from lit_ppo.cli.presets import is_group, typed_overrides
 from lit_ppo.cli.explain import explain_parser_error, read_config_file
 from lit_ppo.cli.lightning_cli import LitPPOCLI, quiet_expected_output, write_config
-from lit_ppo.config.keys import LIGHTNING_SECTIONS, SECTIONS, lightning_path
+from lit_ppo.config.keys import LIGHTNING_SECTIONS, set_key
 from lit_ppo.errors import ConfigError, RunStopped
 from lit_ppo.run.resume import check_resume_args, recorded_config
 from lit_ppo.run.tracking import RUN_DIR_ENV, end_started_runs
@@ -180,7 +180,8 @@ def evaluation_tree(subcommand: str, ckpt_path: str, overrides: list[str]) -> di
                           f"(give key=value overrides, or every fit override with --config run.yaml)")
     tree = {k: v for k, v in yaml.safe_load(text).items() if k in LIGHTNING_SECTIONS}
     for override in overrides:
-        _set_key(tree, override)
+        key, _, value = override.partition("=")
+        set_key(tree, key, yaml.safe_load(value) if value else None)
     return tree
 
 
@@ -198,25 +199,6 @@ def _check_evaluation_overrides(subcommand: str, overrides: list[str], typed: li
         if key.startswith("logger."):
             raise ConfigError(f"{shown} cannot be given to {subcommand}: it records nothing (no logger, run "
                               f"directory or MLflow run); the scores are printed")
-
-
-def _set_key(tree: dict, override: str) -> None:
-    """Apply one ``key=value`` override (the command line's key, a YAML value) to a LightningCLI tree."""
-    key, _, value = override.partition("=")
-    path = lightning_path(key)
-    if path is None:
-        raise ConfigError(f"{key} is not a key: must start with one of {', '.join(SECTIONS)}")
-    node = tree
-    for part in path[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"{key}: {part} is not a mapping in the checkpoint's config")
-        node = child
-    node[path[-1]] = yaml.safe_load(value) if value else None
-    if key == "seed":  # as in fit, where data.seed follows seed
-        tree.setdefault("data", {})["seed"] = node[path[-1]]
 
 
 def _keep_traceback(error: BaseException) -> Path | None:

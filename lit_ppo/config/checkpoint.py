@@ -5,10 +5,8 @@ written beside the periodic checkpoints, after the final iteration and when a si
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from lit_ppo.config.checks import check_fields, check_positive_int, fail
-from lit_ppo.errors import ConfigError
 
 
 @dataclass
@@ -29,14 +27,3 @@ class CheckpointConfig:
         if self.keep < -1:
             fail("checkpoint.keep", self.keep, "a number of checkpoints >= 0, or -1 to keep every one")
 
-
-def checkpoint_config(section: Any) -> CheckpointConfig:
-    """The composed ``checkpoint`` section, checked; ConfigError of one line naming the key."""
-    section = dict(section or {})
-    for name in section:
-        if name not in CheckpointConfig.__dataclass_fields__:
-            raise ConfigError(f"checkpoint.{name} is not a key: allowed: {', '.join(CheckpointConfig.__dataclass_fields__)}")
-    try:
-        return CheckpointConfig(**section)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None

@@ -1,9 +1,14 @@
 """The two names of a config key: LightningCLI's dotted path (what ``--print_config`` shows) and the key
 typed on the command line (``model.actor.eps_clip`` is ``actor.eps_clip``). One table, ``SECTIONS``,
 holds the correspondence; both directions are derived from it: ``typed_key`` (LightningCLI's name to the
-command line's, e.g. for MLflow params) and ``lightning_path`` (the command line's to LightningCLI's)."""
+command line's, e.g. for MLflow params) and ``lightning_path`` (the command line's to LightningCLI's), which
+``set_key`` uses to set a key of a LightningCLI tree."""
 
 from __future__ import annotations
+
+from typing import Any
+
+from lit_ppo.errors import ConfigError
 
 ROLLOUT_KEYS = ("engine", "engine_kwargs", "max_logp_gap", "max_head_offpolicyness", "num_threads", "devices")
 """The rollout group's keys: RolloutDataModule arguments under their own names (rollout.engine -> data.engine)."""
@@ -35,3 +40,29 @@ def lightning_path(key: str) -> tuple[str, ...] | None:
     ``("seed_everything",)``; None for a key in no section."""
     root, *rest = key.split(".")
     return (*SECTIONS[root].split("."), *rest) if root in SECTIONS else None
+
+
+def key_path(key: str) -> tuple[str, ...]:
+    """``lightning_path(key)``; ConfigError for a key in no section."""
+    path = lightning_path(key)
+    if path is None:
+        raise ConfigError(f"{key} is not a key: must start with one of {', '.join(SECTIONS)}")
+    return path
+
+
+def set_key(tree: dict, key: str, value: Any) -> None:
+    """Set the command line's ``key`` of the LightningCLI ``tree`` to ``value``, making the mappings on the
+    way; ``seed`` sets ``data.seed`` too, as on the command line. ConfigError for a key in no section or
+    under a value that is not a mapping."""
+    *parents, last = key_path(key)
+    node = tree
+    for part in parents:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key}: {part} is not a mapping in the config")
+        node = child
+    node[last] = value
+    if key == "seed":
+        tree.setdefault("data", {})["seed"] = value

@@ -56,6 +56,9 @@ def error_of(capsys, *args: str) -> str:
     (["data.task_kwargs.Seed=1"], "data.task_kwargs.Seed is not a key of task 'arithmetic' (did you mean "
      "data.task_kwargs.seed?)"),
     (["model=nope"], "model=nope is invalid: must be one of smollm2, tiny"),
+    (["checkpoint.keep=-2"], "checkpoint.keep=-2 is invalid: must be a number of checkpoints >= 0, or -1 to keep every one"),
+    (["checkpoint.every_n_iterations=0"], "checkpoint.every_n_iterations=0 is invalid: must be a positive integer"),
+    (["+checkpoint.kep=1"], "checkpoint.kep is not a key (did you mean checkpoint.keep?)"),
 ])
 def test_config_errors_are_one_line(capsys, args, expected):
     assert expected in error_of(capsys, *args)
