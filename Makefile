@@ -36,7 +36,7 @@ demo: setup
 	@echo "Resume: python -m lit_ppo fit algo=grpo --ckpt_path runs/lit_ppo/<run>/checkpoints/last.ckpt"
 
 # Quick versions of every benchmark; each script's --full flag runs the tables of docs/benchmarks.md. TRL (for
-# bench_vs_trl.py) comes from requirements-bench.txt, which the tests never need.
+# bench_vs_trl.py) comes from requirements-bench.txt (and requirements-dev.txt, whose tests run its reward functions).
 bench: setup
 	$(PY) -m pip install --quiet -r requirements-bench.txt
 	$(PY) scripts/bench_algos.py

@@ -4,6 +4,7 @@ whatever the logger, and a table in the tracked run."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -19,8 +20,11 @@ SAMPLES_TABLE = "samples/iteration_{iteration:06d}.json"
 class CompletionSamples(L.Callback):
     """Every ``every_n_steps`` iterations (the first one included), ``num_samples`` rows of the batch just
     trained on: appended to ``<run directory>/samples.jsonl`` as one JSON object per row (``iteration``,
-    1-based as printed, ``prompt``, ``completion``, ``reward``), to a table ``samples/iteration_<k>.json`` of
-    each MLflow run the trainer logs to, and as a ``samples`` table to each W&B run.
+    1-based as printed, ``prompt``, ``model_input`` (the tokens before the completion, decoded with the
+    special tokens: the prompt as the model saw it, chat template applied), ``completion``, ``reward``
+    and, for a task that sums several reward functions, ``rewards/<name>``: each one's value, null where
+    it gave none), to a table ``samples/iteration_<k>.json`` of each MLflow run the trainer logs to, and
+    as a ``samples`` table to each W&B run.
 
     Args:
         every_n_steps: log every this many RL iterations (the first one included).
@@ -40,8 +44,13 @@ class CompletionSamples(L.Callback):
         if (rollout is None or not rollout.completions or (iteration - 1) % self.every_n_steps
                 or not trainer.is_global_zero):
             return
-        rows = [{"iteration": iteration, "prompt": p, "completion": c, "reward": float(r)}
-                for p, c, r in zip(rollout.prompts, rollout.completions, rollout.rewards.tolist())][:self.num_samples]
+        n = min(self.num_samples, rollout.num_rows)
+        terms = {name: values[:n].tolist() for name, values in rollout.reward_terms.items()}
+        rows = [{"iteration": iteration, "prompt": rollout.prompts[b],
+                 "model_input": _model_input(rollout, b, pl_module.tokenizer), "completion": rollout.completions[b],
+                 "reward": float(rollout.rewards[b]),
+                 **{f"rewards/{name}": None if math.isnan(values[b]) else values[b] for name, values in terms.items()}}
+                for b in range(n)]
         self._append(Path(trainer.default_root_dir) / SAMPLES_FILE, rows)
         for logger in trainer.loggers:
             if isinstance(logger, MLFlowLogger) and logger.run_id:
@@ -64,3 +73,10 @@ class CompletionSamples(L.Callback):
                 data = data[os.write(fd, data):]
         finally:
             os.close(fd)
+
+
+def _model_input(rollout, row: int, tokenizer) -> str:
+    """Row ``row``'s tokens before its first generated one, decoded with the special tokens."""
+    generated = rollout.loss_mask[row].nonzero()
+    start = int(generated[0]) if len(generated) else int(rollout.attention_mask[row].sum())
+    return tokenizer.decode(rollout.input_ids[row, :start].tolist(), skip_special_tokens=False)

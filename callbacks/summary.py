@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.loggers import MLFlowLogger, WandbLogger
+import yaml
+from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
 
 from lit_ppo.callbacks.export import ExportModel
 from lit_ppo.callbacks.graceful_stop import last_checkpoint_path
+from lit_ppo.config.keys import typed_key
+from lit_ppo.utils.imports import object_references, python_source
 
 REWARD = "rollout/reward_mean"
+REWARD_TERMS = "rollout/rewards/"
+"""Each reward function's mean (``rollout/rewards/<name>/mean``), for a task that sums several."""
 SUMMARY_FILE = "summary.txt"
 """The summary's file in the run directory (``trainer.default_root_dir``) and in each tracked run."""
 
@@ -31,24 +37,34 @@ def _duration(seconds: float) -> str:
 
 class RunSummary(L.Callback):
     """When a fit ends (its last iteration, or stopped by a signal), rank 0 prints a block to stdout and
-    writes it to ``summary.txt`` in the run directory and in each MLflow and W&B run: the iterations and time, the reward of the first and
-    last iteration of this session, the last evaluation's scores, the run directory, the last checkpoint,
+    writes it to ``summary.txt`` in the run directory and in each MLflow and W&B run: the iterations and
+    time, the reward of the first and last iteration of this session (and each reward function's mean,
+    for a task that sums several), the last evaluation's scores, the run directory, the last checkpoint,
     the exported model, the MLflow run, and the commands that resume a run stopped early, score the
     checkpoint on the test split and export it."""
 
     def __init__(self):
-        self._started = 0.0
+        # None until this session's training loop starts (it never does when a resumed checkpoint is at
+        # trainer.max_steps already).
+        self._started: float | None = None
         self._first_step = 0
         self._rewards: list[tuple[int, float]] = []
+        self._terms: dict[str, list[float]] = {}
+        """Reward function name -> its mean at the first and the last iteration of this session that gave it."""
         self._eval: tuple[int, dict[str, float]] | None = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
         self._started, self._first_step, self._rewards, self._eval = time.monotonic(), trainer.global_step, [], None
+        self._terms = {}
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         reward = trainer.callback_metrics.get(REWARD)
         if reward is not None:
             self._rewards.append((trainer.global_step, float(reward)))
+        for key, value in trainer.callback_metrics.items():
+            if key.startswith(REWARD_TERMS) and key.endswith("/mean") and not math.isnan(float(value)):
+                name = key.removeprefix(REWARD_TERMS).removesuffix("/mean")
+                self._terms[name] = [self._terms.get(name, [float(value)])[0], float(value)]
 
     def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
         scores = {key: float(value) for key, value in trainer.callback_metrics.items()
@@ -73,11 +89,19 @@ class RunSummary(L.Callback):
         """The summary's ``(label, value)`` rows."""
         done = trainer.global_step - self._first_step
         of = f" of {trainer.max_steps}" if trainer.max_steps > 0 else ""
-        rows = [("iterations", f"{trainer.global_step}{of} ({done} in {_duration(time.monotonic() - self._started)}"
-                               f"{' after resuming' if self._first_step else ''})")]
+        if self._started is None or done == 0:  # e.g. a resume of a run at its trainer.max_steps already
+            reached = 0 < trainer.max_steps <= trainer.global_step
+            why = f": trainer.max_steps={trainer.max_steps} was reached already" if reached else ""
+            rows = [("iterations", f"{trainer.global_step}{of} (none trained{why})")]
+        else:
+            rows = [("iterations", f"{trainer.global_step}{of} ({done} in {_duration(time.monotonic() - self._started)}"
+                                   f"{' after resuming' if self._first_step else ''})")]
         if self._rewards:
             (first_step, first), (last_step, last) = self._rewards[0], self._rewards[-1]
             rows.append(("reward", f"{first:.3g} (iteration {first_step}) -> {last:.3g} (iteration {last_step})"))
+        if self._terms:
+            rows.append(("rewards", ", ".join(f"{name} {first:.3g} -> {last:.3g}"
+                                              for name, (first, last) in self._terms.items())))
         if self._eval is not None:
             step, scores = self._eval
             shown = ", ".join(f"{key.removeprefix('eval/')} {value:.3g}" for key, value in scores.items())
@@ -94,10 +118,30 @@ class RunSummary(L.Callback):
                 experiment = logger.experiment.get_experiment(logger.experiment_id)  # None: the store failed
                 named = f" (experiment {experiment.name})" if experiment is not None else ""
                 rows.append(("mlflow run", f"{logger.run_id} in {logger.experiment.tracking_uri}{named}"))
+            elif isinstance(logger, CSVLogger):
+                rows.append(("csv metrics", _shown(logger.experiment.metrics_file_path)))
+            elif isinstance(logger, TensorBoardLogger):
+                rows.append(("tensorboard", f"tensorboard --logdir {_shown(logger.log_dir)}"))
+            elif isinstance(logger, WandbLogger):
+                run = logger.experiment
+                rows.append(("wandb run", f"{_shown(Path(run.dir).parent)} (offline: wandb sync uploads it)"
+                             if run.offline else run.url))
         if checkpoint.exists():
-            config = Path(trainer.default_root_dir) / "config.yaml"
-            if trainer.global_step < trainer.max_steps and config.is_file():
-                rows.append(("resume", f"python -m lit_ppo fit --config {_shown(config)} --ckpt_path {_shown(checkpoint)}"))
-            rows += [("test scores", f"python -m lit_ppo validate --ckpt_path {_shown(checkpoint)}"),
-                     ("export", f"python -m lit_ppo export --ckpt_path {_shown(checkpoint)} --output my-policy")]
+            rows += _commands(Path(trainer.default_root_dir) / "config.yaml", checkpoint,
+                              resume=trainer.global_step < trainer.max_steps)
         return rows
+
+
+def _commands(config: Path, checkpoint: Path, resume: bool) -> list[tuple[str, str]]:
+    """The rows that resume a run stopped early, score its checkpoint and export it: command lines, or the
+    Python API's calls for a run whose config holds Python objects (which only the Python API takes again)."""
+    ckpt = _shown(checkpoint)
+    export = ("export", f"python -m lit_ppo export --ckpt_path {ckpt} --output my-policy")
+    objects = object_references(yaml.safe_load(config.read_text())) if config.is_file() else {}
+    if not objects:
+        resumed = [("resume", f"python -m lit_ppo fit --ckpt_path {ckpt}")] if resume else []
+        return [*resumed, ("test scores", f"python -m lit_ppo validate --ckpt_path {ckpt}"), export]
+    given = ", ".join(f"{typed_key(key)!r}: {python_source(value)}" for key, value in objects.items())
+    resumed = [("resume", f"lit_ppo.fit(lit_ppo.compose(..., values={{{given}}}), ckpt_path={ckpt!r})")] \
+        if resume else []
+    return [*resumed, ("test scores", f"lit_ppo.validate({ckpt!r}, values={{{given}}})"), export]

@@ -10,6 +10,10 @@ recorded ``config.yaml`` replays with the object given again."""
 from __future__ import annotations
 
 import copy
+import hashlib
+import os
+import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,16 +21,19 @@ from typing import Any
 import yaml
 
 from lit_ppo.cli.check import check_config
-from lit_ppo.cli.compose import compose_run
-from lit_ppo.cli.presets import group_options, is_group
-from lit_ppo.cli.launch import evaluation_tree
+from lit_ppo.cli.compose import compose_run, real_model_note
+from lit_ppo.cli.presets import given_task_kwargs, group_options, is_group, keep_taken_task_kwargs
+from lit_ppo.cli.launch import evaluation_tree, resume_fit
 from lit_ppo.cli.lightning_cli import LitPPOCLI, quiet_expected_output, write_config
 from lit_ppo.config.keys import key_path, set_key, typed_key
 from lit_ppo.config.sections import Sections, check_sections
 from lit_ppo.errors import ConfigError, RunStopped
+from lit_ppo.models import default_cache_dir
 from lit_ppo.run import export as run_export
+from lit_ppo.run.lock import release_run_locks
 from lit_ppo.run.resume import check_resume_args
-from lit_ppo.utils.imports import is_object_reference, object_reference
+from lit_ppo.utils.fs import file_sha256, temporary_directory
+from lit_ppo.utils.imports import object_reference, object_references
 from lit_ppo.utils.stop_requests import (exit_on_signals, forget_stop_requests, pending_failure, received_signal,
                                          signal_name)
 
@@ -88,7 +95,7 @@ def compose(*overrides: str, values: dict[str, Any] | None = None) -> RunConfig:
     ``data.task_kwargs.reward_fns``, a Task class or instance as ``data.task`` (an instance takes no
     ``data.task_kwargs``: the preset's are dropped unless ``values`` gives some). ConfigError of one line
     for a mistake."""
-    values = dict(values or {})
+    values = _with_saved_datasets(dict(values or {}))
     for key, value in values.items():
         if is_group(f"{key}="):
             option = value if isinstance(value, str) else "<option>"
@@ -107,6 +114,10 @@ def compose(*overrides: str, values: dict[str, Any] | None = None) -> RunConfig:
     task = values.get("data.task")
     if task is not None and not _is_plain(task) and not isinstance(task, type) and "data.task_kwargs" not in values:
         config["data.task_kwargs"] = {}
+    elif isinstance(task, type):  # a class gets the preset's settings it takes, and every one given
+        given = given_task_kwargs(typed) | {key.split(".")[2] for key in values if key.startswith("data.task_kwargs.")}
+        given |= set(values.get("data.task_kwargs") or ())
+        config["data.task_kwargs"] = keep_taken_task_kwargs(config["data.task_kwargs"] or {}, config["data.task"], given)
     check_sections(config.tree)
     return config
 
@@ -117,12 +128,24 @@ def fit(config: RunConfig, ckpt_path: str | Path | None = None) -> FitResult:
     exported model. ConfigError for a mistake found before anything loads; RunStopped, of one line, for a
     run that a failure ended (an invalid reward, a stale engine, user code that exited); any other error
     as it was raised."""
+    if not isinstance(config, RunConfig):
+        raise TypeError(f"lit_ppo.fit takes the RunConfig that lit_ppo.compose(...) returns, not a "
+                        f"{type(config).__name__}: lit_ppo.fit(lit_ppo.compose('key=value', values={{...}}))")
     tree = copy.deepcopy(config.tree)
+    flags = ["--ckpt_path", str(ckpt_path)] if ckpt_path is not None else []
+    resumed = resume_fit(flags, tree)  # the run's recorded config, this one's changes named
+    if resumed is not None:
+        tree, flags = resumed
     _check_one_process(tree)
     check_config(tree, "fit")
-    flags = ["--ckpt_path", str(ckpt_path)] if ckpt_path is not None else []
     check_resume_args(flags, tree, error=ConfigError)
-    cli = _run_cli(["fit", "--config", write_config(tree), *flags])
+    note = real_model_note(tree)
+    if note is not None:
+        print(note, file=sys.stderr, flush=True)
+    try:
+        cli = _run_cli(["fit", "--config", write_config(tree), *flags])
+    finally:
+        release_run_locks()  # the run has ended: a resume from another process may continue it
     checkpoint = cli.run_dir / "checkpoints" / "last.ckpt"
     model_dir = cli.run_dir / "model"
     signum = received_signal()
@@ -130,16 +153,18 @@ def fit(config: RunConfig, ckpt_path: str | Path | None = None) -> FitResult:
                      metrics=_metrics(cli.trainer), stopped_by=signal_name(signum) if signum is not None else None)
 
 
-def validate(ckpt_path: str | Path, *overrides: str) -> dict[str, float]:
+def validate(ckpt_path: str | Path, *overrides: str, values: dict[str, Any] | None = None) -> dict[str, float]:
     """The test-split scores of the checkpoint ``ckpt_path`` (``eval/accuracy``, ``eval/pass_at_4``, ...)
     under its own config with ``key=value`` overrides (``eval.k=8``), as ``python -m lit_ppo validate
-    --ckpt_path`` prints them."""
-    return _evaluate("validate", ckpt_path, overrides)
+    --ckpt_path`` prints them. ``values`` sets keys to Python objects as ``compose`` does: a run trained
+    with a reward function or Task of its own process is scored in another by giving them again
+    (``values={"data.task_kwargs.reward_fns": [correct]}``)."""
+    return _evaluate("validate", ckpt_path, overrides, values)
 
 
-def test(ckpt_path: str | Path, *overrides: str) -> dict[str, float]:
+def test(ckpt_path: str | Path, *overrides: str, values: dict[str, Any] | None = None) -> dict[str, float]:
     """As ``validate``, through Lightning's test loop (``python -m lit_ppo test``)."""
-    return _evaluate("test", ckpt_path, overrides)
+    return _evaluate("test", ckpt_path, overrides, values)
 
 
 test.__test__ = False  # a function of the API, not one for pytest to collect
@@ -154,8 +179,11 @@ def export(ckpt_path: str | Path, output: str | Path | None = None, *, adapter: 
     return run_export.export(ckpt_path, output, overwrite, adapter)
 
 
-def _evaluate(subcommand: str, ckpt_path: str | Path, overrides: tuple[str, ...]) -> dict[str, float]:
-    tree = evaluation_tree(subcommand, str(ckpt_path), list(overrides))
+def _evaluate(subcommand: str, ckpt_path: str | Path, overrides: tuple[str, ...],
+              values: dict[str, Any] | None) -> dict[str, float]:
+    # A Python object becomes its reference, which the checkpoint's recorded config names the same way.
+    typed = [*overrides, *(f"{key}={_override_value(_held(value))}" for key, value in (values or {}).items())]
+    tree = evaluation_tree(subcommand, str(ckpt_path), typed)
     if tree is None:
         raise ConfigError(f"--ckpt_path {ckpt_path} records no config: score it from the command line with the "
                           f"fit overrides it was trained with")
@@ -179,7 +207,7 @@ def _run_cli(args: list[str]) -> LitPPOCLI:
 
 def _check_one_process(tree: dict) -> None:
     """ConfigError for a config with Python objects whose trainer would start more processes."""
-    references = [key for key, value in _leaves(tree) if is_object_reference(value)]
+    references = list(object_references(tree))
     if not references:
         return
     trainer = tree.get("trainer") or {}
@@ -189,17 +217,6 @@ def _check_one_process(tree: dict) -> None:
         raise ConfigError(f"{typed_key(references[0])} is a Python object of this process: a run on more than one "
                           f"process (trainer.devices={devices}, trainer.num_nodes={nodes}) needs a dotted path "
                           f"module.name that every rank imports")
-
-
-def _leaves(node: Any, key: str = ""):
-    if isinstance(node, dict):
-        for name, child in node.items():
-            yield from _leaves(child, f"{key}.{name}" if key else str(name))
-    elif isinstance(node, list):
-        for child in node:
-            yield from _leaves(child, key)
-    else:
-        yield key, node
 
 
 def _metrics(trainer) -> dict[str, float]:
@@ -217,6 +234,68 @@ def _section_default(tree: dict, key: str) -> Any:
     if node is None and rest:
         raise KeyError(key)
     return node
+
+
+DATA_PATH_KEYS = ("train_path", "test_path")
+"""The dataset task's settings that take data: a path, or from Python a ``datasets.Dataset`` or a list of rows."""
+
+
+def _with_saved_datasets(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with each in-memory dataset given as ``data.task_kwargs.train_path`` / ``test_path`` (also
+    inside a ``data.task_kwargs`` mapping) replaced by the directory it is saved in (``_saved_dataset``)."""
+    kwargs = values.get("data.task_kwargs")
+    if isinstance(kwargs, dict):
+        values["data.task_kwargs"] = {name: _saved_dataset(f"data.task_kwargs.{name}", value)
+                                      if name in DATA_PATH_KEYS else value for name, value in kwargs.items()}
+    for name in DATA_PATH_KEYS:
+        key = f"data.task_kwargs.{name}"
+        if key in values:
+            values[key] = _saved_dataset(key, values[key])
+    return values
+
+
+def _saved_dataset(key: str, value: Any) -> Any:
+    """A ``datasets.Dataset`` or a list of rows (mappings of column -> value) as the directory
+    ``Dataset.save_to_disk`` writes, which ``data=dataset`` reads: ``<lit_ppo cache>/datasets/<digest>``,
+    named by its content, so that the config records a path that replays (resuming, ``validate``) and the
+    same data composes the same config. Any other value is returned as it is."""
+    if value is None or isinstance(value, (str, os.PathLike)):
+        return value
+    import datasets
+
+    if isinstance(value, datasets.DatasetDict):
+        raise ConfigError(f"{key} is a DatasetDict: give one split, e.g. {key}=dataset['train']")
+    if isinstance(value, list):
+        if not value or not all(isinstance(row, dict) for row in value):
+            raise ConfigError(f"{key} is a list: data given as a list must be rows, mappings of column -> value")
+        value = datasets.Dataset.from_list(value)
+    if not isinstance(value, datasets.Dataset):
+        return value
+    if len(value) == 0:
+        raise ConfigError(f"{key} is a dataset with no rows")
+    root = default_cache_dir() / "datasets"
+    try:
+        temp = temporary_directory(root / "dataset")
+    except OSError as e:
+        raise ConfigError(f"{key}: the dataset cannot be saved in {root} ({e.strerror or e}): set LIT_PPO_CACHE "
+                          f"to a writable directory") from None
+    try:
+        datasets.disable_progress_bars()
+        value.save_to_disk(temp)
+        digest = hashlib.sha256()
+        for arrow in sorted(Path(temp).glob("*.arrow")):
+            digest.update(file_sha256(arrow).encode())
+        final = root / digest.hexdigest()[:16]
+        try:
+            os.rename(temp, final)
+        except OSError:
+            if not final.is_dir():  # not a copy of the same data saved before
+                raise
+            shutil.rmtree(temp)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    return str(final)
 
 
 def _is_plain(value: Any) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import warnings
 from typing import Any
 
@@ -19,12 +20,13 @@ from lightning.pytorch.accelerators import AcceleratorRegistry
 from lit_ppo.algos.checks import check_names
 from lit_ppo.cli import EVALUATING
 from lit_ppo.config import check_value, type_hints, typed_key
+from lit_ppo.config.keys import foreign_key_hint
 from lit_ppo.config.sections import check_sections
 from lit_ppo.errors import ConfigError
 from lit_ppo.models import MODEL_SOURCES, model_dir_problem
 from lit_ppo.rollout.producer import decoupled_loss_problem
 from lit_ppo.rollout.workflows import task_name
-from lit_ppo.run.tracking import run_name
+from lit_ppo.run.tracking import RANK_ENV, run_name
 from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.utils.imports import import_object
 from lit_ppo.utils.text import did_you_mean
@@ -71,7 +73,7 @@ def check_config(tree: dict, subcommand: str = "fit") -> None:
     allowed = list(inspect.signature(RolloutDataModule.__init__).parameters)[1:]
     for name in data:
         if name not in allowed:
-            hint = did_you_mean(name, allowed, prefix="data.")
+            hint = foreign_key_hint(f"data.{name}") or did_you_mean(name, allowed, prefix="data.")
             raise ConfigError(f"data.{name} is not a key{hint}; allowed: {', '.join(allowed)}")
     hints = type_hints(RolloutDataModule.__init__)
     for name, value in data.items():
@@ -99,13 +101,46 @@ def check_config(tree: dict, subcommand: str = "fit") -> None:
                       "erases the task reward", UserWarning, stacklevel=2)
     _check_logger(tree.get("trainer") or {})
     check_trainer_args(tree.get("trainer") or {})
+    _check_launch_environment(tree.get("trainer") or {})
     if subcommand == "fit":
         _check_run_names(tree.get("trainer") or {})
+
+
+def _check_launch_environment(trainer: dict) -> None:
+    """A process rank other than 0 (or a world of several processes) left in the environment by another
+    launch, for a config that runs one process: Lightning would take this process for that rank, keep it
+    from logging, and lit_ppo would write no run for it."""
+    devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1)
+    one = nodes == 1 and (len(devices) == 1 if isinstance(devices, list) else devices in (1, "1") or (
+        devices == "auto" and trainer.get("accelerator") == "cpu"))
+    if not one:
+        return
+    ranks = [f"{name}={os.environ[name]}" for name in RANK_ENV if os.environ.get(name, "0") not in ("", "0")]
+    world = [f"WORLD_SIZE={os.environ['WORLD_SIZE']}"] if os.environ.get("WORLD_SIZE", "1") not in ("", "1") else []
+    if ranks or world:
+        what = ("a rank other than 0, which Lightning keeps from logging and lit_ppo from writing its run" if ranks
+                else "one process of several (the vLLM engine would wait for an external launcher)")
+        raise ConfigError(f"{', '.join(ranks + world)} in the environment, left by another launch, would make this "
+                          f"one-process run (trainer.devices={devices}, trainer.num_nodes={nodes}) {what}: unset "
+                          f"{' '.join(v.split('=')[0] for v in ranks + world)}")
 
 
 _DEVICE_KEYS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
 """Trainer arguments whose combination only Lightning's accelerator connector can judge, in the order
 they are added to a probe Trainer (the first whose addition fails is the key to blame)."""
+
+
+MANUAL_OPTIMIZATION_SETTINGS = {
+    "gradient_clip_val": ((None, 0, 0.0), "so it clips with actor.optimizer.gradient_clipping (and "
+                                          "critic.optimizer.gradient_clipping): set those"),
+    "gradient_clip_algorithm": ((None,), "so it clips the global norm to actor.optimizer.gradient_clipping (and "
+                                         "critic.optimizer.gradient_clipping): set those"),
+    "accumulate_grad_batches": ((1,), "so it splits each iteration's batch into actor.ppo_n_minibatches optimizer "
+                                      "steps, each accumulated over micro-batches of at most actor.mb_max_tokens "
+                                      "tokens: set those"),
+}
+"""Trainer arguments that Lightning's automatic optimization applies, which lit_ppo's manual steps cannot honour:
+argument -> (the values that ask nothing of it, lit_ppo's own setting)."""
 
 
 def check_trainer_args(trainer: dict) -> None:
@@ -114,7 +149,12 @@ def check_trainer_args(trainer: dict) -> None:
     allowed = list(inspect.signature(L.Trainer.__init__).parameters)[1:]
     for name in trainer:
         if name not in allowed:
-            raise ConfigError(f"trainer.{name} is not a key{did_you_mean(name, allowed, prefix='trainer.')}")
+            raise ConfigError(f"trainer.{name} is not a key"
+                              f"{foreign_key_hint(name) or did_you_mean(name, allowed, prefix='trainer.')}")
+    for name, value in trainer.items():
+        if name in MANUAL_OPTIMIZATION_SETTINGS and value not in MANUAL_OPTIMIZATION_SETTINGS[name][0]:
+            raise ConfigError(f"trainer.{name}={value!r} cannot be honoured: lit_ppo steps its optimizers itself "
+                              f"(Lightning's manual optimization), {MANUAL_OPTIMIZATION_SETTINGS[name][1]}")
     max_steps = trainer.get("max_steps", -1)
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or (max_steps < 1 and max_steps != -1):
         raise ConfigError(f"trainer.max_steps={max_steps!r} is invalid: must be a positive integer (RL iterations) "

@@ -19,16 +19,16 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, OverrideParseException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from lit_ppo.cli.explain import explain_hydra_error
-from lit_ppo.cli.presets import (conf_dir, follow_sampling_temperature, group_options, is_group, register_resolvers,
-                                 typed_overrides)
+from lit_ppo.cli.presets import (conf_dir, follow_sampling_temperature, given_task_kwargs, group_options, is_group,
+                                 keep_taken_task_kwargs, real_model_choices, register_resolvers, typed_overrides)
 from lit_ppo.config import EvalConfig, GenerationConfig, ModelConfig, PPOActorConfig, PPOCriticConfig, type_hints
 from lit_ppo.config.rollout import DATA_KEYS, DATA_SECTIONS
 from lit_ppo.config.checkpoint import CheckpointConfig
-from lit_ppo.config.keys import ROLLOUT_KEYS, SECTIONS, lightning_path, typed_key
+from lit_ppo.config.keys import ROLLOUT_KEYS, SECTIONS, foreign_key_hint, lightning_path, typed_key
 from lit_ppo.config.scheduler import JobConfig, RayConfig, SlurmConfig, scheduler_config
 from lit_ppo.config.sections import construct
 from lit_ppo.errors import ConfigError
@@ -96,8 +96,12 @@ def _section_keys(section: str) -> list[str]:
 def _suggest(key: str) -> str:
     """`` (did you mean <section>.<field>?)`` for a mistyped ``key``, in the section as typed (a
     LightningCLI name such as ``model.model.lora_rnk`` included); for a key without a section, the
-    keys that end in it or close to it (``lr``: ``actor.optimizer.lr or critic.optimizer.lr``); "" when
+    keys that end in it or close to it (``lr``: ``actor.optimizer.lr or critic.optimizer.lr``); another
+    trainer's name answered with lit_ppo's (``: TRL's learning_rate is actor.optimizer.lr``); "" when
     nothing is close."""
+    foreign = foreign_key_hint(key)
+    if foreign is not None:
+        return foreign
     section, _, name = key.rpartition(".")
     if section:
         return did_you_mean(name, _section_keys(typed_key(section)), prefix=f"{section}.")
@@ -158,8 +162,9 @@ def _quoted(value: str) -> str:
 
 def _model_dir_overrides(overrides: list[str]) -> list[str]:
     """``model=DIR`` (a value that is not an option of the model group) becomes ``model.source=DIR``,
-    DIR made absolute, on top of the default model option; anything else is left as is. ConfigError
-    for a value that is neither an option nor a loadable local causal LM directory."""
+    DIR made absolute (a hub id in the local Hugging Face cache kept as it is), on top of the default model
+    option; anything else is left as is. ConfigError for a value that is neither an option nor a loadable
+    local causal LM directory or cached hub model."""
     options = group_options("model")
     out = []
     for override in overrides:
@@ -176,7 +181,8 @@ def _model_dir_overrides(overrides: list[str]) -> list[str]:
         problem = model_dir_problem(value)
         if problem is not None:
             raise ConfigError(f"model={value} {problem}")
-        out.append(f"model.source={_quoted(str(path.absolute()))}")
+        # A cached hub id stays the id: a resumed or scored run finds it in the cache again.
+        out.append(f"model.source={_quoted(str(path.absolute()) if path.is_dir() else value)}")
     return out
 
 
@@ -195,6 +201,11 @@ def compose_run(overrides: list[str]) -> tuple[dict, JobConfig | None]:
             presets = hydra_compose(config_name="config", overrides=[o for o in overrides if is_group(o)])
             overrides = _add_known_keys(overrides, presets)
             cfg = hydra_compose(config_name="config", overrides=overrides)
+        task = OmegaConf.select(cfg, "data.task")
+        if task != OmegaConf.select(presets, "data.task") and OmegaConf.select(cfg, "data.task_kwargs") is not None:
+            with open_dict(cfg):
+                cfg.data.task_kwargs = keep_taken_task_kwargs(
+                    OmegaConf.to_container(cfg.data.task_kwargs), task, given_task_kwargs(overrides))
         tree = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(_explain_hydra_error(e, overrides, typed)) from None
@@ -202,6 +213,32 @@ def compose_run(overrides: list[str]) -> tuple[dict, JobConfig | None]:
     construct(CheckpointConfig, tree.pop("checkpoint", None) or {}, "checkpoint")
     scheduler = scheduler_config(tree.pop("scheduler", None))
     return to_lightning_tree(tree), scheduler
+
+
+def real_model_note(tree: dict) -> str | None:
+    """The ``note:`` line of a run whose model is not the tiny one: the settings that the presets choose for
+    a real model (``lit_ppo.cli.presets.real_model_choices``) and LightningCLI's ``tree`` holds; None for the
+    tiny model or when it holds other values (the user's)."""
+    model = tree.get("model") or {}
+    source = (model.get("model") or {}).get("source", ModelConfig.source)
+    if not isinstance(source, str) or source == "tiny":
+        return None
+    algo = model.get("algo")
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=[
+            *([f"algo={algo}"] if algo in group_options("algo") else []), f"model.source={_quoted(source)}"])
+    held = []
+    for key, (value, tiny) in real_model_choices(cfg).items():
+        node = tree
+        for part in lightning_path(key) or ():
+            node = node.get(part) if isinstance(node, dict) else None
+        if node == value:
+            held.append(f"{key}={value} (the tiny model's: {tiny})")
+    if not held:
+        return None
+    return (f"note: model.source={source} is not the tiny model, so it trains with a real model's settings (TRL's "
+            f"and verl's): {', '.join(held)}; give these keys to choose others")
 
 
 def to_lightning_tree(hydra_tree: dict) -> dict:
@@ -212,7 +249,8 @@ def to_lightning_tree(hydra_tree: dict) -> dict:
     for key, value in hydra_tree.items():
         path = lightning_path(key)
         if path is None:
-            raise ConfigError(f"{key} is not a config section: must be one of {', '.join([*SECTIONS, 'scheduler'])}")
+            raise ConfigError(f"{key} is not a config section" + (
+                foreign_key_hint(key) or f": must be one of {', '.join([*SECTIONS, 'scheduler'])}"))
         *parents, leaf = path
         node = out
         for p in parents:

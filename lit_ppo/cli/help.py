@@ -167,6 +167,9 @@ def render(subcommand: str, tree: dict, chosen: dict[str, str], width: int = 100
     out += _wrap(f"{PROG} {subcommand} [overrides] --print_config: the whole resolved config", width, "  ")
     out += _wrap("${on_gpu:a,b}: a on a machine with CUDA devices, else b; ???: required, no preset gives it", width,
                  "  ")
+    out += _wrap("a model directory or hub id (any model.source but tiny) trains with a real model's learning rate "
+                 "(1e-6, TRL's and verl's) and no entropy bonus unless given; the tiny preset's suit only the tiny "
+                 "model (a note at fit start names them; give the model to this help to see the values)", width, "  ")
     return "\n".join(out)
 
 

@@ -23,14 +23,15 @@ from lit_ppo import schedulers
 from lit_ppo.cli import EVALUATING
 from lit_ppo.cli.args import print_error
 from lit_ppo.cli.check import check_config
-from lit_ppo.cli.compose import compose_run
+from lit_ppo.cli.compose import compose_run, real_model_note
 from lit_ppo.cli.presets import is_group, typed_overrides
 from lit_ppo.cli.explain import explain_parser_error, read_config_file
 from lit_ppo.cli.lightning_cli import LitPPOCLI, quiet_expected_output, write_config
-from lit_ppo.config.keys import LIGHTNING_SECTIONS, set_key
+from lit_ppo.config.keys import LIGHTNING_SECTIONS, lightning_path, set_key
 from lit_ppo.errors import ConfigError, RunStopped
-from lit_ppo.run.resume import check_resume_args, recorded_config
-from lit_ppo.run.tracking import RUN_DIR_ENV, end_started_runs
+from lit_ppo.run.resume import check_resume_args, ckpt_path_arg, config_changes, recorded_config, resumed_config
+from lit_ppo.run.tracking import (RUN_DIR_ENV, end_started_runs, forget_continued_runs, last_checkpoint,
+                                  launched_as_rank_zero)
 from lit_ppo.utils.flags import flag_value, split_arguments
 from lit_ppo.utils.stop_requests import Stopped, exit_code, pending_failure, received_signal, signal_name
 
@@ -87,11 +88,25 @@ def _run(argv: list[str], composed: tuple[dict, schedulers.JobConfig | None] | N
     overrides, flags = split_arguments(argv[1:])
     config_file = flag_value(flags, "--config")
     if config_file is not None:
-        _check_config_file(subcommand, config_file, overrides, flags)
-        return _launch(argv, [subcommand, *flags])
+        loaded = _check_config_file(subcommand, config_file, overrides, flags)
+        resumed = resume_fit(flags, loaded) if subcommand == "fit" else None
+        if resumed is None:
+            check_resume_args(flags, loaded, error=ConfigError)
+            return _launch(argv, [subcommand, *flags])
+        tree, flags = resumed
+        check_config(tree, subcommand)
+        check_resume_args(flags, tree, error=ConfigError)
+        return _launch(argv, [subcommand, "--config", write_config(tree), *_without_flag(flags, "--config")])
     tree = _checkpoint_config(subcommand, overrides, flags)
     if tree is None:
-        tree, scheduler = _composed_config(subcommand, composed or compose_run(overrides), flags)
+        tree, scheduler = composed or compose_run(overrides)
+        resumed = resume_fit(flags, tree, overrides) if subcommand == "fit" and scheduler is None else None
+        if resumed is not None:
+            tree, flags = resumed
+        tree, scheduler = _composed_config(subcommand, (tree, scheduler), flags)
+        note = real_model_note(tree) if subcommand == "fit" and launched_as_rank_zero() else None
+        if note is not None:  # the config passed every check: the settings it trains with are final
+            print(note, file=sys.stderr, flush=True)
         if scheduler is not None:
             if not any(flag.split("=", 1)[0] == "--print_config" for flag in flags):
                 return schedulers.submit(scheduler, overrides, flags, tree, _fit_on_ray_worker)
@@ -99,13 +114,72 @@ def _run(argv: list[str], composed: tuple[dict, schedulers.JobConfig | None] | N
     return _launch(argv, [subcommand, "--config", write_config(tree), *flags])
 
 
-def _check_config_file(subcommand: str, path: str, overrides: list[str], flags: list[str]) -> None:
-    """``--config run.yaml``: the file checked as ``subcommand`` will run it (LitPPOCLI reads it itself)."""
+def _check_config_file(subcommand: str, path: str, overrides: list[str], flags: list[str]) -> dict:
+    """``--config run.yaml``: the file checked as ``subcommand`` will run it (LitPPOCLI reads it itself); its
+    content."""
     if overrides:
         raise ConfigError("give either Hydra overrides (key=value) or --config run.yaml, not both")
     loaded = read_config_file(path)
     check_config({k: v for k, v in loaded.items() if k in LIGHTNING_SECTIONS}, subcommand)
-    check_resume_args(flags, loaded, error=ConfigError)
+    return loaded
+
+
+GROUP_KEYS = {"algo": "model.algo", "model": "model.model.source", "data": "data.task"}
+"""Preset group -> the key of LightningCLI's tree that names what its option chose, which a resume compares
+with the run's even where the option is the presets' default."""
+
+
+def resume_fit(flags: list[str], given: dict, overrides: list[str] | None = None) -> tuple[dict, list[str]] | None:
+    """``fit --ckpt_path CKPT``: the run's config recorded in the checkpoint with what this command gives set
+    on top (``resumed_config``: each change named, those the checkpoint cannot follow refused), and ``flags``
+    with ``--ckpt_path last`` resolved (``last_checkpoint``); None without ``--ckpt_path`` or for a
+    checkpoint that records no config. ``given``: a whole config (a ``--config`` file's, the Python API's),
+    or, with ``overrides``, the tree they composed, of which only what they set counts."""
+    ckpt_path = ckpt_path_arg(flags, given)
+    if ckpt_path is None:
+        return None
+    if ckpt_path == "last":
+        ckpt_path = str(last_checkpoint(given))
+    flags = [*_without_flag(flags, "--ckpt_path"), "--ckpt_path", ckpt_path]
+    try:
+        text = recorded_config(ckpt_path)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if text is None:
+        return None
+    recorded = {k: v for k, v in yaml.safe_load(text).items() if k in LIGHTNING_SECTIONS}
+    forget_continued_runs(recorded)
+    given = {k: v for k, v in given.items() if k in LIGHTNING_SECTIONS}
+    if overrides is not None:
+        given = _overridden(given, overrides)
+    tree, notes = resumed_config(ckpt_path, recorded, given)
+    if launched_as_rank_zero():  # the ranks a launcher starts run this command again
+        for note in notes:
+            print(note, file=sys.stderr, flush=True)
+    return tree, flags
+
+
+def _overridden(tree: dict, overrides: list[str]) -> dict:
+    """The part of the composed ``tree`` that ``overrides`` set: the keys they name, the keys whose value
+    differs from the presets' and the key each chosen group names (``GROUP_KEYS``); a list as a whole."""
+    keys = [GROUP_KEYS[o.lstrip("+~").split("=", 1)[0]] for o in overrides
+            if is_group(o) and o.lstrip("+~").split("=", 1)[0] in GROUP_KEYS]
+    for override in typed_overrides(overrides):
+        path = None if is_group(override) else lightning_path(override.lstrip("+~").split("=", 1)[0])
+        if path is not None:
+            keys.append(".".join(path))
+    keys += [key for key, _, _ in config_changes(compose_run([])[0], tree)]
+    out: dict = {}
+    for key in keys:
+        node, target, parts = tree, out, key.split(".")
+        for i, part in enumerate(parts):
+            if not isinstance(node, dict) or part not in node:
+                break
+            if i == len(parts) - 1 or not isinstance(node[part], dict):
+                target[part] = node[part]
+                break
+            node, target = node[part], target.setdefault(part, {})
+    return out
 
 
 def _checkpoint_config(subcommand: str, overrides: list[str], flags: list[str]) -> dict | None:
@@ -132,6 +206,19 @@ def _composed_config(subcommand: str, composed: tuple[dict, schedulers.JobConfig
         raise ConfigError(f"scheduler={schedulers.scheduler_name(scheduler)} submits fit only: "
                           f"run {subcommand} here (scheduler=local)")
     return tree, scheduler
+
+
+def _without_flag(flags: list[str], name: str) -> list[str]:
+    """``flags`` without ``--name X`` / ``--name=X``."""
+    out, skip = [], False
+    for flag in flags:
+        if skip:
+            skip = False
+        elif flag == name:
+            skip = True
+        elif not flag.startswith(name + "="):
+            out.append(flag)
+    return out
 
 
 def _launch(argv: list[str], args: list[str]) -> int:

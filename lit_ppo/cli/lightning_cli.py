@@ -68,6 +68,13 @@ class LitPPOCLI(LightningCLI):
                          parser_kwargs={"exit_on_error": False}, seed_everything_default=0,
                          auto_configure_optimizers=False, **kwargs)
 
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI would replace the model's settings with the checkpoint's hyperparameters. A fit's
+        # config is the run's recorded one already, with each change named (lit_ppo.cli.launch.resume_fit):
+        # nothing of it is replaced silently (a new learning rate included).
+        if self.config.get("subcommand") != "fit":
+            super()._parse_ckpt_path()
+
     def before_instantiate_classes(self) -> None:
         if self.subcommand in EVALUATING:
             # The scores print as a table; nothing is recorded: no run directory, tracking or saved config.

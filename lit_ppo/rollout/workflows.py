@@ -25,6 +25,7 @@ from lit_ppo.errors import RunStopped
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.engine import Completion, RolloutEngine, SamplingParams
 from lit_ppo.tasks.base import Problem, Task, reward_float, reward_problem
+from lit_ppo.tasks.rewards import GroupScores
 
 
 @dataclass
@@ -55,6 +56,8 @@ class Episode:
     """Text of the generated part, for logging."""
     reward: float = 0.0
     """Raw task reward of the whole episode."""
+    reward_terms: dict[str, float] = field(default_factory=dict)
+    """Each reward function's own value (NaN where it gave none), for a task that sums several."""
     truncated: bool = False
     """The last generation hit max_new_tokens without a stop token."""
 
@@ -95,16 +98,21 @@ def task_name(task: Task) -> str:
     return str(getattr(task, "name", type(task).__name__))
 
 
-def group_rewards(task: Task, problem: Problem, completions: list[str]) -> list[Any]:
-    """The task's raw rewards of one prompt's completions: one ``task.group_rewards(problem, completions)``
-    call if the task has it (batched reward functions), else ``task.reward`` per completion."""
-    batched = getattr(task, "group_rewards", None)
-    if batched is None:
-        return [task.reward(problem, text) for text in completions]
-    values = list(batched(problem, completions))
-    if len(values) != len(completions):
-        raise RunStopped(f"task {task_name(task)!r} returned {len(values)} rewards for {len(completions)} completions")
-    return values
+def group_rewards(task: Task, problem: Problem, completions: list[Completion], texts: list[str]) -> GroupScores:
+    """The task's raw rewards of one prompt's ``completions`` (decoded as ``texts``): one
+    ``task.score_group(problem, texts, token ids, version)`` call if the task has it (reward functions
+    that see the tokens and the iteration, each function's values kept), else one
+    ``task.group_rewards(problem, texts)`` call if it has that, else ``task.reward`` per completion."""
+    if hasattr(task, "score_group"):
+        scores = task.score_group(problem, texts, [c.token_ids for c in completions], completions[0].version)
+    elif hasattr(task, "group_rewards"):
+        scores = GroupScores(list(task.group_rewards(problem, texts)), {})
+    else:
+        scores = GroupScores([task.reward(problem, text) for text in texts], {})
+    if len(scores.rewards) != len(texts):
+        raise RunStopped(f"task {task_name(task)!r} returned {len(scores.rewards)} rewards for {len(texts)} "
+                         f"completions")
+    return scores
 
 
 def episodes_to_batch(episodes: list[Episode], group_sizes: list[int], pad_id: int) -> RolloutBatch:
@@ -139,6 +147,8 @@ def episodes_to_batch(episodes: list[Episode], group_sizes: list[int], pad_id: i
         input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask, behave_logp=behave_logp,
         versions=versions, turn_ids=turn_ids,
         rewards=torch.tensor([ep.reward for ep in episodes], dtype=torch.float32),
+        reward_terms={name: torch.tensor([ep.reward_terms[name] for ep in episodes], dtype=torch.float32)
+                      for name in episodes[0].reward_terms},
         truncated=torch.tensor([ep.truncated for ep in episodes], dtype=torch.bool),
         group_sizes=torch.tensor(group_sizes, dtype=torch.long),
         prompts=[ep.prompt for ep in episodes], completions=[ep.completion for ep in episodes])
@@ -197,11 +207,12 @@ class SingleTurnWorkflow:
             if len(completions) != params.n:
                 raise ValueError(f"engine returned {len(completions)} completions for a prompt, expected n={params.n}")
             texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
-            values = group_rewards(self.task, problem, texts)
-            for completion, text, value in zip(completions, texts, values, strict=True):
+            scores = group_rewards(self.task, problem, completions, texts)
+            for i, (completion, text, value) in enumerate(zip(completions, texts, scores.rewards, strict=True)):
                 reward = checked_reward(value, task=task_name(self.task), prompt=problem.prompt, completion=text,
                                         on_invalid=self.on_invalid_reward)
-                episode = Episode(prompt=problem.prompt, completion=text, reward=reward)
+                episode = Episode(prompt=problem.prompt, completion=text, reward=reward,
+                                  reward_terms={name: values[i] for name, values in scores.terms.items()})
                 episode.add_context(prompt)
                 episode.add_generation(completion)
                 episodes.append(episode)

@@ -1,9 +1,9 @@
 """Compare: MLflow runs side by side, as one table and one figure.
 
 ``python -m lit_ppo compare [--experiment NAME] [--runs ID ...] [--metric M] [--output PNG]`` reads
-the runs of an experiment (``MLFLOW_EXPERIMENT_NAME``, else ``lit_ppo``) or the runs named by id
-from the tracking store (``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``), prints one row per
-run in start order and draws ``--metric`` against the iteration, one line per run, to a PNG.
+the runs of an experiment (``MLFLOW_EXPERIMENT_NAME``, else ``lit_ppo``) or the runs given by id, id
+prefix or name from the tracking store (``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``), prints
+one row per run in start order and draws ``--metric`` against the iteration, one line per run, to a PNG.
 
 The columns, all read back from MLflow:
 
@@ -22,13 +22,16 @@ The columns, all read back from MLflow:
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from lit_ppo.errors import ConfigError
-from lit_ppo.run.mlflow_store import probe_server, resolve_experiment, resolve_tracking_uri, sqlite_file
+from lit_ppo.run.mlflow_store import (check_mlflow_importable, probe_server, resolve_experiment, resolve_tracking_uri,
+                                     sqlite_file)
+from lit_ppo.utils.fs import user_path, write_file_atomically
 from lit_ppo.utils.text import first_line
 
 REWARD = "rollout/reward_mean"
@@ -73,6 +76,7 @@ def _reading(uri: str) -> Iterator[None]:
 def open_store(uri: str | None = None):
     """An MlflowClient of ``uri`` (None: the URI runs are tracked to) that exists and answers; a
     missing sqlite database is an error here, not created empty as MlflowClient would."""
+    check_mlflow_importable()
     from mlflow.tracking import MlflowClient
 
     source = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the default tracking URI"
@@ -95,7 +99,7 @@ def _experiment_source() -> str:
 
 
 def select_runs(client, experiment: str | None, run_ids: list[str] | None) -> list:
-    """The runs named by ``run_ids`` (which must be in ``experiment`` when it is given) or else all
+    """The runs given by ``run_ids`` (ids, id prefixes or names; in ``experiment`` when it is given) or else all
     active runs of ``experiment`` (None: the experiment runs are tracked to), in start order."""
     uri = client.tracking_uri
     with _reading(uri):
@@ -110,7 +114,7 @@ def select_runs(client, experiment: str | None, run_ids: list[str] | None) -> li
         if run_ids:
             runs = []
             for run_id in run_ids:
-                run = _run_by_id(client, run_id)
+                run = _run_named(client, run_id, [found.experiment_id] if found is not None else None)
                 if found is not None and run.info.experiment_id != found.experiment_id:
                     raise ConfigError(f"--runs {run_id}: the run is not in experiment {found.name}")
                 runs.append(run)
@@ -132,24 +136,31 @@ def _all_runs(client, experiment_ids: list[str]) -> list:
             return runs
 
 
-def _run_by_id(client, run_id: str):
-    """The run whose id is ``run_id`` or, failing that, the one run whose id starts with it (as the table's
-    ``id`` column shows); a ConfigError when none or several do."""
+def _run_named(client, given: str, experiment_ids: list[str] | None):
+    """The run whose id is ``given``, else the one run whose id starts with it (as the table's ``id``
+    column shows) or whose name it is (searched in ``experiment_ids``, None: every experiment); a
+    ConfigError when none or several do."""
     from mlflow.exceptions import MlflowException
 
     try:
-        return client.get_run(run_id)
+        return client.get_run(given)
     except MlflowException as e:
         if e.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
             raise
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    matches = [run for run in _all_runs(client, experiments) if run.info.run_id.startswith(run_id.lower())]
-    if not matches:
-        raise ConfigError(f"--runs {run_id}: no such run in {client.tracking_uri}")
-    if len(matches) > 1:
-        ids = ", ".join(sorted(run.info.run_id[:12] for run in matches)[:4])
-        raise ConfigError(f"--runs {run_id}: the prefix matches {len(matches)} runs ({ids}): give more of the id")
-    return matches[0]
+    experiment_ids = experiment_ids or [e.experiment_id for e in client.search_experiments()]
+    runs = _all_runs(client, experiment_ids)
+    by_id = [run for run in runs if run.info.run_id.startswith(given.lower())]
+    if len(by_id) > 1:
+        ids = ", ".join(sorted(run.info.run_id[:12] for run in by_id)[:4])
+        raise ConfigError(f"--runs {given}: the prefix matches {len(by_id)} runs ({ids}): give more of the id")
+    by_name = [run for run in runs if run.info.run_name == given]
+    if len(by_name) > 1:
+        ids = ", ".join(sorted(run.info.run_id[:SHORT_ID] for run in by_name))
+        raise ConfigError(f"--runs {given}: {len(by_name)} runs have that name (ids {ids}): give the id of one")
+    if not by_id + by_name:
+        raise ConfigError(f"--runs {given}: no such run in {client.tracking_uri} (a run is given by its id, a "
+                          f"prefix of it or its name)")
+    return (by_id + by_name)[0]
 
 
 def metric_history(client, run_id: str, metric: str) -> list:
@@ -207,13 +218,20 @@ def format_table(summaries: list[RunSummary], extra: dict[str, dict[str, str]] |
 
 
 def check_output(output: str) -> Path:
-    path = Path(output)
+    """The figure's path (``~`` expanded); ConfigError (one line) for one that is no .png file or that
+    cannot be written."""
+    path = user_path(output)
     if path.suffix.lower() != ".png":
         raise ConfigError(f"--output {output}: must be a .png file")
     if not path.parent.is_dir():
         raise ConfigError(f"--output {output}: directory {path.parent} does not exist")
     if path.is_dir():
         raise ConfigError(f"--output {output}: is a directory, must be a .png file")
+    if not os.access(path.parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        # access() refuses a read-only mount even to root, who may write anywhere else.
+        reason = errno.EROFS if os.statvfs(path.parent).f_flag & os.ST_RDONLY else errno.EACCES
+        where = path if path.exists() else path.parent
+        raise ConfigError(f"--output {output}: cannot be written, {where} is not writable ({os.strerror(reason)})")
     return path
 
 
@@ -257,7 +275,7 @@ def draw(lines: dict[str, tuple[list[int], list[float]]], algos: dict[str, str],
     axes.set_ylabel(metric)
     axes.grid(alpha=0.3)
     figure.legend(loc="outside right upper", fontsize="small")
-    figure.savefig(output, format="png", dpi=100)
+    write_file_atomically(output, lambda f: figure.savefig(f, format="png", dpi=100), "figure")
 
 
 def compare(run_ids: list[str] | None = None, experiment: str | None = None, metric: str = REWARD,

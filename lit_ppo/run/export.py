@@ -8,13 +8,17 @@ the tokenizer with the chat template used in training (``lit_ppo.models.hf_dir.w
 checkpoint (``model.lora_rank`` > 0) is exported with its adapters merged: a plain model that loads
 without peft; ``adapter`` also writes its adapter alone, in peft's format
 (``PeftModel.from_pretrained(base, ADAPTER_DIR)``). Neither directory may be, contain or lie inside
-what export reads (the checkpoint, the base model directory or its cache entry), by resolved path:
-that is refused before any model loads, as is a place that cannot be written.
+what export reads (the checkpoint, the base model directory or its cache entry), by resolved path;
+nor be or lie inside a run directory (its ``model/`` is its fit's), nor replace a directory that holds
+a run or an MLflow tracking store, the working directory or one above it, or the home directory: all
+refused before any model loads, as is a place that cannot be written. An export killed while it
+replaced a directory leaves the old one set aside; the next export puts it back before anything else.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -26,10 +30,56 @@ from lit_ppo.models import (MODEL_SOURCES, base_model_paths, load_causal_lm, mod
                             use_chat_template)
 from lit_ppo.models.hf_dir import check_apart, check_output, check_writable, write_model_dir
 from lit_ppo.models.lora import add_lora, lora_config, merged_model, write_adapter_dir
+from lit_ppo.run.mlflow_store import resolve_tracking_uri, sqlite_file
 from lit_ppo.training.checkpoint_io import is_distributed_checkpoint, read_checkpoint
+from lit_ppo.utils.fs import restore_interrupted
 
 POLICY_PREFIX = "policy."
 """Prefix of the policy's weights in a LitPPO checkpoint's state_dict."""
+TRACKING_STORES = ("mlflow.db", "mlruns")
+"""The default MLflow stores: a sqlite database file and a file store directory."""
+
+
+def is_run_directory(path: Path) -> bool:
+    """Whether ``path`` is a run's directory: a fit wrote its ``config.yaml`` and ``checkpoints/`` there."""
+    return (path / "config.yaml").is_file() and (path / "checkpoints").is_dir()
+
+
+def _never_replaced(output: Path) -> str | None:
+    """Why export must not write the directory ``output`` whatever ``--overwrite`` says (how it relates
+    to a run, a tracking store, the working or home directory), or None."""
+    spellings = dict.fromkeys([output, Path(os.path.realpath(output))])
+    for spelled in spellings:
+        for directory in (spelled, *spelled.parents):
+            if is_run_directory(directory):
+                how = "is" if directory == spelled else "is inside"
+                return f"{how} the run directory {directory}, whose files its fit writes"
+    if not output.is_dir():
+        return None
+    for spelled in spellings:
+        for what, place in (("the working directory", Path.cwd()), ("the home directory", Path.home())):
+            if spelled == place:
+                return f"is {what}"
+            if place.is_relative_to(spelled):
+                return f"holds {what} {place}"
+    store = sqlite_file(resolve_tracking_uri(None))
+    if store and Path(os.path.realpath(store)).is_relative_to(os.path.realpath(output)):
+        return f"holds the MLflow tracking store {store}"
+    for root, directories, files in os.walk(output):
+        for name in TRACKING_STORES:
+            if name in files or name in directories:
+                return f"holds the MLflow tracking store {os.path.join(root, name)}"
+        if is_run_directory(Path(root)):
+            return f"holds the run directory {root}"
+    return None
+
+
+def check_replaceable(output: Path, flag: str) -> None:
+    """ConfigError (one line) if export must never write ``output`` (``_never_replaced``)."""
+    reason = _never_replaced(output)
+    if reason is not None:
+        raise ConfigError(f"{flag} {output}: {reason}; export never writes there, with or without --overwrite: "
+                          f"give a new directory apart from it")
 
 
 def _read(ckpt_path: str | Path, adapter: bool):
@@ -104,8 +154,13 @@ def export(ckpt_path: str | Path, output: str | Path | None, overwrite: bool = F
         raise ConfigError(f"--adapter {adapter}: must be another directory than --output {output}")
     cfg, weights, distributed = _read(ckpt_path, adapter=adapter is not None)
     reads = {"the checkpoint": Path(ckpt_path), **base_model_paths(cfg)}
-    for flag, path in targets.items():  # before any model loads; --overwrite cannot lift the first
+    for flag, path in targets.items():  # before any model loads; --overwrite cannot lift the first two
+        restored = restore_interrupted(path)
+        if restored is not None:
+            print(f"note: {flag} {path}: an export was cut short while replacing it; its previous content is "
+                  f"back from {restored}", file=sys.stderr, flush=True)
         check_apart(path, flag, reads)
+        check_replaceable(path, flag)
         check_output(path, overwrite, flag)
         check_writable(path, flag)
     policy, tokenizer = _load(ckpt_path, cfg, weights, distributed)

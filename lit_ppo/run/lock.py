@@ -4,7 +4,8 @@ Two processes continuing one run (two resumes of one checkpoint, a resume while 
 would interleave metrics in one MLflow run and replace each other's ``last.ckpt`` and ``model/``. The
 process that owns a run (rank 0) takes ``flock`` on ``<run dir>/.lock``, which holds its pid, host and
 command; the kernel releases the lock when that process ends in any way (SIGKILL included), so a
-crashed run never blocks its resume. A second process is refused in one line naming the holder.
+crashed run never blocks its resume; a process that outlives its run (the Python API) releases it when the
+run ends. A second process is refused in one line naming the holder.
 """
 
 from __future__ import annotations
@@ -46,3 +47,11 @@ def lock_run_dir(run_dir: str | os.PathLike) -> None:
     os.pwrite(fd, record.encode(), 0)
     _held[key] = fd
 
+
+
+def release_run_locks() -> None:
+    """Release every run directory lock this process holds: a process that goes on after its run (the
+    Python API's ``fit`` returning to a notebook) must not keep another from resuming it."""
+    while _held:
+        _, fd = _held.popitem()
+        os.close(fd)  # closing the only descriptor of the open file releases its flock

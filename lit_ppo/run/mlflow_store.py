@@ -11,6 +11,8 @@ import os
 from typing import Any
 
 from lit_ppo.errors import TrackingError
+from lit_ppo.utils.fs import user_path
+from lit_ppo.utils.imports import shadowing_file
 from lit_ppo.utils.text import first_line
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -27,8 +29,24 @@ DRIVER_PACKAGES = {"psycopg": "'psycopg[binary]'", "psycopg2": "psycopg2-binary"
 
 
 
+def check_mlflow_importable() -> None:
+    """TrackingError naming the file that stands in for the mlflow package (a module of the user's named
+    ``mlflow.py``); MLflow's own error would say only that ``'mlflow' is not a package``."""
+    shadow = shadowing_file("mlflow")
+    if shadow is not None:
+        raise TrackingError(f"{shadow} hides the mlflow package that tracks runs (Python imports the file "
+                            f"instead): rename that file")
+
+
 def resolve_tracking_uri(configured: str | None) -> str:
-    return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    """The tracking URI runs go to: ``configured``, else ``MLFLOW_TRACKING_URI``, else the default; a home
+    directory in it (``sqlite:///~/mlflow.db``, ``~/mlruns``, ``file:~/mlruns``) expanded, which MLflow
+    would take for a directory named ``~``."""
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    for prefix in ("sqlite:///", "file:", ""):
+        if uri.startswith(prefix + "~"):
+            return prefix + os.fspath(user_path(uri[len(prefix):]))
+    return uri
 
 
 def resolve_experiment(configured: str | None) -> str:
@@ -96,6 +114,7 @@ def prepare_store(uri: str, source: str, experiment: str, artifact_location: str
     a sqlite database is created, migrated and given the experiment under ``<db>.lock``, because
     MLflow's schema migrations race when two runs open one fresh database at once. ``source`` names
     where ``uri`` came from, for the error message."""
+    check_mlflow_importable()
     scheme = uri.split(":", 1)[0].lower()
     lock: Any = contextlib.nullcontext()
     if scheme in ("http", "https"):

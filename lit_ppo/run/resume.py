@@ -4,11 +4,15 @@ and task as the run (``check_resume``, called by the CLI before any model loads)
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from typing import Any
 
 import torch
 
+from lit_ppo.config.keys import typed_key
+from lit_ppo.errors import ConfigError
 from lit_ppo.training.checkpoint_io import DISTRIBUTED_META, is_distributed_checkpoint, read_checkpoint
 from lit_ppo.training.record import DATA_DIGEST_SUFFIX, RECORD_KEY, RUN_KEY, expected_record
 from lit_ppo.utils.flags import flag_value
@@ -68,15 +72,9 @@ def recorded_run(ckpt_path: str | None) -> dict[str, str] | None:
     """The ``run`` entry of the record of the local checkpoint ``ckpt_path`` ({} for a checkpoint that
     records no run); None without a local file (no ``ckpt_path``, Lightning's own values, URLs).
     ``check_resume`` has verified the file; loading it memory-mapped reads the record only."""
-    if ckpt_path in (None, "") or not os.path.exists(os.fspath(ckpt_path)):
+    if ckpt_path in (None, "") or not (os.path.isfile(ckpt_path) or is_distributed_checkpoint(ckpt_path)):
         return None
-    if is_distributed_checkpoint(ckpt_path):
-        checkpoint = torch.load(os.path.join(ckpt_path, DISTRIBUTED_META), map_location="cpu", weights_only=True)
-    elif os.path.isfile(ckpt_path):
-        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
-    else:
-        return None
-    record = checkpoint.get(RECORD_KEY)
+    record = _unverified(ckpt_path).get(RECORD_KEY)
     return dict(record.get(RUN_KEY) or {}) if isinstance(record, dict) else {}
 
 
@@ -114,3 +112,81 @@ def recorded_config(ckpt_path: str) -> str | None:
         if isinstance(state, dict) and isinstance(state.get(CONFIG_STATE_KEY), str):
             return state[CONFIG_STATE_KEY]
     return None
+
+
+
+FIXED_ON_RESUME = ("seed_everything", "model.algo", "model.model", "data.task", "data.task_kwargs", "data.batch_size",
+                   "data.gconfig.n_samples", "data.seed")
+"""Keys (and the keys under them) that a resume cannot change: the checkpoint's weights, optimizer state and
+prompt stream position were made with them (the algorithm, the model and its LoRA shapes, the task and its
+data, the groups per batch and samples per group, the prompt order). Whether there is a critic
+(``model.critic`` itself) is fixed too; its settings are not."""
+ADJUSTABLE_MODEL_KEYS = ("model.model.cache_dir", "model.model.logprob_chunk_size",
+                         "model.model.gradient_checkpointing")
+"""Model settings that change how the model is computed, not what it is."""
+_ABSENT = object()
+
+
+def is_fixed_on_resume(key: str) -> bool:
+    """Whether LightningCLI's dotted ``key`` is one a resume cannot change (``FIXED_ON_RESUME``)."""
+    if key in ADJUSTABLE_MODEL_KEYS:
+        return False
+    return key == "model.critic" or any(key == fixed or key.startswith(fixed + ".") for fixed in FIXED_ON_RESUME)
+
+
+def _overlay(recorded: Any, given: Any, key: str, changes: list[tuple[str, Any, Any]]) -> Any:
+    """``given`` set on top of ``recorded`` (mappings key by key, lists of one length item by item), each
+    leaf that differs added to ``changes`` as ``(dotted key, recorded value, given value)``."""
+    if isinstance(given, dict) and given and isinstance(recorded, dict):
+        out = dict(recorded)
+        for name, value in given.items():
+            out[name] = _overlay(recorded.get(name, _ABSENT), value, f"{key}.{name}" if key else str(name), changes)
+        return out
+    if isinstance(given, list) and isinstance(recorded, list) and len(given) == len(recorded):
+        return [_overlay(old, new, f"{key}.{i}", changes) for i, (old, new) in enumerate(zip(recorded, given))]
+    if recorded is _ABSENT or recorded != given:
+        changes.append((key, None if recorded is _ABSENT else recorded, given))
+    return given
+
+
+def config_changes(recorded: dict, given: dict) -> list[tuple[str, Any, Any]]:
+    """``(dotted key, recorded value, given value)`` of every leaf of the config tree ``given`` that differs
+    from ``recorded`` (mappings key by key, lists of one length item by item)."""
+    changes: list[tuple[str, Any, Any]] = []
+    _overlay(recorded, given, "", changes)
+    return changes
+
+
+def _shown(value: Any) -> str:
+    """A config value as the command line would type it (cut where it is long: a callback list)."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def resumed_config(ckpt_path: str, recorded: dict, given: dict) -> tuple[dict, list[str]]:
+    """The config that resuming ``ckpt_path`` runs with: the run's ``recorded`` config (LightningCLI's tree,
+    as the checkpoint holds it) with the keys of ``given`` set on top; and one ``note:`` line naming each
+    change. ConfigError naming the first change that the checkpoint's state cannot follow
+    (``FIXED_ON_RESUME``)."""
+    changes: list[tuple[str, Any, Any]] = []
+    tree = _overlay(recorded, given, "", changes) if given else recorded
+    for key, was, now in changes:
+        if is_fixed_on_resume(key):
+            raise ConfigError(f"{typed_key(key)}={_shown(now)} cannot change when resuming --ckpt_path {ckpt_path} "
+                              f"(the run had {_shown(was)}): its weights, optimizer and prompt stream were made with "
+                              f"it; resume without it, or start a new run")
+    return tree, [f"note: resuming with {typed_key(key)}={_shown(now)} (the run had {_shown(was)})"
+                  for key, was, now in changes]
+
+
+def checkpoint_step(ckpt_path: str | os.PathLike) -> int:
+    """The iteration (``global_step``) that the local checkpoint ``ckpt_path`` holds (read memory-mapped)."""
+    return int(_unverified(ckpt_path).get("global_step", 0))
+
+
+def _unverified(ckpt_path: str | os.PathLike) -> dict:
+    """The local checkpoint ``ckpt_path`` (a distributed one's ``meta.pt``) loaded memory-mapped and not
+    verified: for reading its record and iteration (``check_resume`` verifies the file resumed)."""
+    if is_distributed_checkpoint(ckpt_path):
+        return torch.load(os.path.join(ckpt_path, DISTRIBUTED_META), map_location="cpu", weights_only=True)
+    return torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)

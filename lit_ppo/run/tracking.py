@@ -6,13 +6,16 @@ Every ``fit`` gets ``<trainer.default_root_dir>/<experiment>/<run name>/``, e.g.
 with an exclusive ``mkdir`` (``-2``, ``-3``, ... on a collision), so concurrent runs never share one.
 Rank 0 chooses it before Lightning starts the other ranks, which inherit it through
 ``LIT_PPO_RUN_DIR``; ranks started by an external launcher receive it by broadcast at setup. A Slurm
-job's directory is chosen when it is submitted (``LIT_PPO_JOB_RUN_DIR``, lit_ppo.schedulers.slurm).
+job's directory is chosen when it is submitted (``LIT_PPO_JOB_RUN_DIR``, lit_ppo.schedulers.slurm) and
+taken by that job only (``_job_run_dir``).
 
 Resuming (``--ckpt_path``) continues the run the checkpoint records (``run_reference``, stored in its
 ``lit_ppo`` record): the same directory, whose ``config.yaml`` stays the config the run started with
 (the resuming config is saved beside it as ``config-resumed-<time>.yaml``), and the same MLflow run,
-RUNNING again. When the directory is gone or the MLflow run is not in the current store, a new run
-starts, with one line on stderr saying why.
+RUNNING again, a setting the resume changed logged beside the run's params. A checkpoint that branches
+from its run (older than the run's newest, or outside its directory) starts a new run directory and
+MLflow run, and a run directory that is gone or an MLflow run not in the current store a new run, each
+with one line on stderr saying why. ``--ckpt_path last`` is resolved here (``last_checkpoint``).
 
 What a printed config leaves unset is resolved here, when the run starts: the tracking URI from
 ``MLFLOW_TRACKING_URI`` (else ``sqlite:///mlflow.db``), the experiment from ``MLFLOW_EXPERIMENT_NAME``
@@ -22,6 +25,7 @@ that tracks with it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -34,15 +38,17 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
 
 from lit_ppo.config import typed_key
 from lit_ppo.errors import ConfigError, TrackingError
 from lit_ppo.run.lock import lock_run_dir
 from lit_ppo.run.mlflow_store import DEFAULT_EXPERIMENT, prepare_store, resolve_experiment, resolve_tracking_uri
-from lit_ppo.run.resume import CONFIG_STATE_KEY, recorded_run
+from lit_ppo.run.resume import CONFIG_STATE_KEY, checkpoint_step, recorded_run
 from lit_ppo.training.record import RECORD_KEY, RUN_KEY
 from lit_ppo.utils.fs import write_file_atomically
 from lit_ppo.utils.imports import is_object_reference
@@ -52,7 +58,7 @@ from lit_ppo.utils.text import first_line
 RUN_DIR_ENV = "LIT_PPO_RUN_DIR"
 JOB_RUN_DIR_ENV = "LIT_PPO_JOB_RUN_DIR"
 """A batch job's run directory, fixed when the job was submitted (lit_ppo.schedulers.slurm): rank 0 of
-every start of the job takes it instead of creating one."""
+every start of that job takes it instead of creating one (``_job_run_dir``)."""
 # Environment variables through which launchers tell a process its rank (Lightning's DDP launcher:
 # LOCAL_RANK; torchrun: RANK, GROUP_RANK; SLURM: SLURM_PROCID; other nodes: NODE_RANK; LSF).
 RANK_ENV = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
@@ -98,16 +104,21 @@ class MLflowRunLogger(MLFlowLogger):
         self.on_error = on_error
         self.failed = False
 
-    def log_hyperparams(self, params: Any) -> None:
-        """As MLFlowLogger; a continued run keeps the params it has (MLflow refuses to change one, and a
-        resume may change settings such as trainer.max_steps) and gets only those it lacks."""
+    def log_hyperparams(self, params: Any, resumed: str | None = None) -> None:
+        """As MLFlowLogger; a continued run keeps the params it has (MLflow refuses to change one) and gets
+        those it lacks; given ``resumed`` (the resume's label, ``resumed-<time>``), a value that the resume
+        changed (such as trainer.max_steps) is logged beside the run's as ``<resumed>/<key>``."""
         if self.failed:
             return
         if self._continued:
             run = self.experiment.get_run(self.run_id)
             if run is None:  # the store failed (see guard_store)
                 return
-            params = {k: v for k, v in _flatten_dict(_convert_params(params)).items() if k not in run.data.params}
+            flat, had = _flatten_dict(_convert_params(params)), run.data.params
+            params = {k: v for k, v in flat.items() if k not in had}
+            if resumed:
+                params.update({f"{resumed}/{k}": v for k, v in flat.items()
+                               if k in had and k not in RESUME_PARAMS and str(v)[:MLFLOW_PARAM_CHARS] != had[k]})
         super().log_hyperparams(params)
 
     def guard_store(self) -> None:
@@ -125,6 +136,12 @@ class MLflowRunLogger(MLFlowLogger):
         else:
             print(f"warning: {what}: training goes on without tracking (logger.init_args.on_error=continue)",
                   file=sys.stderr, flush=True)
+
+
+MLFLOW_PARAM_CHARS = 250
+"""MLFlowLogger stores a param's first 250 characters."""
+RESUME_PARAMS = ("ckpt_path", "logger.init_args.run_id")
+"""Params that every resume sets (the checkpoint, the run continued): no change of the run's settings."""
 
 
 class _GuardedClient:
@@ -219,6 +236,14 @@ class WandbRunLogger(WandbLogger):
         new = [f"{key}={value}" for key, value in tags.items() if len(f"{key}={value}") <= WANDB_TAG_CHARS]
         run.tags = tuple(dict.fromkeys([*(run.tags or ()), *new]))
 
+    def finalize(self, status: str) -> None:
+        """Finish the W&B run when the fit ends, its closing lines on stderr with its others (left to the end of
+        the process, W&B prints them to stdout, after the run summary)."""
+        super().finalize(status)
+        if self._experiment is not None and rank_zero_only.rank == 0:
+            with contextlib.redirect_stdout(sys.stderr):
+                self._experiment.finish(exit_code=0 if status == "success" else 1)
+
 
 # ---------------------------------------------------------------------------------------------
 # the run directory
@@ -250,7 +275,13 @@ def create_run_dir(root: str | Path, experiment: str, name: str) -> Path:
     ``name-3``, ... that does not exist yet (``mkdir`` either creates a directory or fails, atomically,
     so runs that start in the same second in one place never share a directory)."""
     parent = Path(root) / _component(experiment)
-    parent.mkdir(parents=True, exist_ok=True)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        blocking = next((p for p in (parent, *parent.parents) if p.exists() and not p.is_dir()), None)
+        reason = f"{blocking} is a file, not a directory" if blocking else f"{parent}: {e.strerror or e}"
+        raise ConfigError(f"trainer.default_root_dir={root}: run directories cannot be made there, {reason}: move it, "
+                          f"or give another trainer.default_root_dir") from None
     for n in itertools.count(1):
         path = parent / (name if n == 1 else f"{name}-{n}")
         try:
@@ -359,9 +390,36 @@ def _missing_mlflow_run(uri: str | None, experiment: str, run_id: str, recorded_
     return None
 
 
+def _branch(ckpt_path: str, run_dir: str) -> str | None:
+    """Why resuming ``ckpt_path`` must not continue its run's directory ``run_dir`` (a run is never written
+    over from an earlier point of it), or None: the checkpoint lies outside it (a copied run directory, a
+    moved file), or the run has gone on past it (an older periodic checkpoint)."""
+    checkpoint = Path(ckpt_path).resolve()
+    step = checkpoint_step(checkpoint)
+    where = f"--ckpt_path {ckpt_path} branches from iteration {step} of {_shown(Path(run_dir))}"
+    if not checkpoint.is_relative_to(Path(run_dir).resolve()):
+        return f"{where} (it lies outside that directory)"
+    newest = max((_saved_step(path) for path in checkpoint.parent.iterdir()
+                  if path.name.endswith(".ckpt") and not path.name.startswith(".")), default=step)
+    return f"{where} (which has gone on to iteration {newest})" if newest > step else None
+
+
+def _saved_step(path: Path) -> int:
+    """The iteration of a checkpoint file of a run: from its name (``epoch=0-step=20.ckpt``), else from
+    its content (``last.ckpt``); -1 for one that cannot be read."""
+    named = re.search(r"step=(\d+)", path.name)
+    if named:
+        return int(named.group(1))
+    try:
+        return checkpoint_step(path)
+    except Exception:  # a damaged file is no newer state of the run
+        return -1
+
+
 def _continued_run(config: Any) -> Path | None:
     """On a resume, the checkpoint's run directory, its MLflow run set as the first MLflow logger's
-    ``run_id``; None (with a one-line note when a checkpoint was given) to start a new run."""
+    ``run_id``; a new run directory for a checkpoint that branches from its run (``_branch``); None (with a
+    one-line note when a checkpoint was given) to start a new run."""
     ckpt_path = _get(config, "ckpt_path")
     record = recorded_run(ckpt_path)
     if record is None:
@@ -373,6 +431,10 @@ def _continued_run(config: Any) -> Path | None:
         missing = "it records no run directory"
     elif not os.path.isdir(run_dir):
         missing = f"its run directory {run_dir} is gone"
+    elif (branch := _branch(ckpt_path, run_dir)) is not None:
+        path = new_run_dir(config)
+        print(f"note: {branch}: new run directory {_shown(path)}", file=sys.stderr, flush=True)
+        return path
     elif loggers and run_id and not _get(_get(loggers[0][1], "init_args"), "run_id"):
         cls, spec = loggers[0]
         uri, _, experiment = _tracking_setting(cls, _as_dict(_get(spec, "init_args")))
@@ -388,6 +450,17 @@ def _continued_run(config: Any) -> Path | None:
     return Path(run_dir)
 
 
+def forget_continued_runs(tree: dict) -> None:
+    """Unset the ``run_id`` of every logger of LightningCLI's ``tree``, a config recorded by a run: it names
+    the tracked runs that its process continued, which a resume decides anew from the checkpoint's
+    record (``_continued_run``: a branch or another store gets a new run)."""
+    loggers = (tree.get("trainer") or {}).get("logger")
+    for spec in loggers if isinstance(loggers, list) else [loggers]:
+        init_args = spec.get("init_args") if isinstance(spec, dict) else None
+        if isinstance(init_args, dict) and init_args.get("run_id") is not None:
+            init_args["run_id"] = None
+
+
 def _mlflow_settings(config: Any) -> list[tuple[type, dict]]:
     """(class, init_args) of every MLflow logger of the parsed (or composed) ``fit`` config."""
     return [(cls, _as_dict(_get(spec, "init_args")))
@@ -400,9 +473,10 @@ def tracking_uris(config: Any) -> list[str]:
     return [uri for uri, _, _ in (_tracking_setting(*logger) for logger in _mlflow_settings(config)) if uri]
 
 
-def new_run_dir(config: Any) -> Path:
-    """A new ``<trainer.default_root_dir>/<experiment>/<run name>`` for the parsed (or composed) ``fit``
-    config: the first MLflow logger's experiment and run name, else ``<algo>-<task>-<model>``."""
+def _run_place(config: Any) -> tuple[Path, str, str]:
+    """(root, experiment, description) of the runs of the parsed (or composed) ``fit`` config: their
+    directories are ``<root>/<experiment>/<description>-<start time>``; the experiment and description are
+    the first MLflow logger's experiment and run name, else ``<algo>-<task>-<model>``."""
     loggers = _mlflow_settings(config)
     experiment = _tracking_setting(*loggers[0])[2] if loggers else resolve_experiment(None)
     prefixes = [init_args.get("run_name") for _, init_args in loggers if init_args.get("run_name")]
@@ -410,7 +484,30 @@ def new_run_dir(config: Any) -> Path:
     # Absolute, '~' expanded: checkpoints record where they are, and a resume (which may start elsewhere)
     # must find the same directory under the same name, or Lightning versions last.ckpt aside.
     root = Path(_get(_get(config, "trainer"), "default_root_dir") or "runs").expanduser().absolute()
+    return root, experiment, description
+
+
+def new_run_dir(config: Any) -> Path:
+    """A new ``<trainer.default_root_dir>/<experiment>/<run name>`` for the parsed (or composed) ``fit``
+    config (``_run_place``)."""
+    root, experiment, description = _run_place(config)
     return create_run_dir(root, experiment, run_name(description))
+
+
+def last_checkpoint(config: Any) -> Path:
+    """What ``--ckpt_path last`` resumes: of the run directories named like the runs of the parsed (or
+    composed) ``fit`` config, ``<root>/<experiment>/<description>-<start time>[-n]``, the ``last.ckpt``
+    written last. ConfigError when none holds one."""
+    root, experiment, description = _run_place(config)
+    parent = root / _component(experiment)
+    named = re.compile(rf"{re.escape(_component(description))}-\d{{8}}-\d{{6}}(-\d+)?")
+    found = [d / "checkpoints" / "last.ckpt" for d in (parent.iterdir() if parent.is_dir() else ())
+             if named.fullmatch(d.name)]
+    found = [path for path in found if path.exists()]
+    if not found:
+        raise ConfigError(f"--ckpt_path last: no run directory {parent / _component(description)}-<time> holds a "
+                          f"checkpoints/last.ckpt: give the path of the checkpoint to resume")
+    return max(found, key=lambda path: path.stat().st_mtime)
 
 
 def start(config: Any) -> Path | None:
@@ -426,16 +523,42 @@ def start(config: Any) -> Path | None:
     if not launched_as_rank_zero():
         inherited = os.environ.get(RUN_DIR_ENV)
         return Path(inherited) if inherited else None
-    path = _continued_run(config)
-    if path is None:
-        scheduled = os.environ.get(JOB_RUN_DIR_ENV)
-        path = Path(scheduled) if scheduled else new_run_dir(config)
+    path = _continued_run(config) or _job_run_dir() or new_run_dir(config)
     path = path.expanduser().absolute()
     lock_run_dir(path)  # before anything is written into it or its MLflow run
     os.environ[RUN_DIR_ENV] = str(path)
-    shown = os.path.relpath(path) if path.is_relative_to(Path.cwd()) else path
-    print(f"run directory: {shown}", file=sys.stderr, flush=True)
+    print(f"run directory: {_shown(path)}", file=sys.stderr, flush=True)
     return path
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory when it lies inside it, else as it is."""
+    return os.path.relpath(path) if path.absolute().is_relative_to(Path.cwd()) else str(path)
+
+
+JOB_MARKER = ".job"
+"""File of a job's run directory naming the Slurm job (``SLURM_JOB_ID``, empty elsewhere) that took it."""
+
+
+def _job_run_dir() -> Path | None:
+    """The batch job's directory (``LIT_PPO_JOB_RUN_DIR``), where it is this process's: one that holds no run
+    yet (the job's first start, which marks it as the job's), or one that the same Slurm job took before (a
+    requeued job). A value left in another shell names a directory holding another run: None, said in one
+    line, so that a fresh fit never writes into that run."""
+    scheduled = os.environ.get(JOB_RUN_DIR_ENV)
+    if not scheduled:
+        return None
+    path = Path(scheduled).expanduser().absolute()
+    job = os.environ.get("SLURM_JOB_ID", "")
+    marker = path / JOB_MARKER
+    if path.is_dir() and not marker.exists() and not (path / "config.yaml").exists():
+        marker.write_text(job)
+        return path
+    if job and marker.is_file() and marker.read_text().strip() == job:
+        return path
+    print(f"note: {JOB_RUN_DIR_ENV}={scheduled} is not this process's job directory (it holds another run, or is "
+          f"gone): starting a new run", file=sys.stderr, flush=True)
+    return None
 
 
 def run_tags(config: Any, trainer: Any, run_dir: Path) -> dict[str, str]:
@@ -557,19 +680,39 @@ class TrackedConfig(SaveConfigCallback):
     def save_config(self, trainer, pl_module, stage: str) -> None:
         # A continued run keeps the config it started with; a resume's own goes beside it.
         text = self.parser.dump(self.config, skip_none=False)
-        name = "config.yaml"
+        name, resumed = "config.yaml", None
         if (self.run_dir / name).exists():
-            name = f"config-resumed-{time.strftime('%Y%m%d-%H%M%S')}.yaml"
+            resumed = f"resumed-{time.strftime('%Y%m%d-%H%M%S')}"
+            name = f"config-{resumed}.yaml"
         # Whole or not at all: the config is what a later validate / export reads (a full disk stops here).
         write_file_atomically(self.run_dir / name, lambda f: f.write(text.encode()), "config")
         for logger in trainer.loggers:
             run_id = getattr(logger, "run_id", None)
             if run_id and hasattr(logger.experiment, "log_text"):
                 logger.experiment.log_text(run_id, text, name)
-                logger.log_hyperparams(config_params(self.config.clone().as_dict()))
+                params = config_params(self.config.clone().as_dict())
+                if isinstance(logger, MLflowRunLogger):
+                    logger.log_hyperparams(params, resumed=resumed)
+                else:
+                    logger.log_hyperparams(params)
             elif isinstance(logger, WandbRunLogger):
                 logger.log_hyperparams(config_params(self.config.clone().as_dict()))
                 logger.experiment.save(str(self.run_dir / name), base_path=str(self.run_dir), policy="now")
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        # A resume's new learning rate reaches the optimizer and its schedule, whose state (restored after
+        # this) holds the checkpoint's: scaled by new / old, the schedule's progress is kept.
+        states = (checkpoint.get("callbacks") or {}).values()
+        text = next((s[CONFIG_STATE_KEY] for s in states if isinstance(s, dict) and CONFIG_STATE_KEY in s), None)
+        if text is None:
+            return
+        was, now = (yaml.safe_load(text) or {}).get("model") or {}, self.config.clone().as_dict().get("model") or {}
+        trained = [section for section in ("actor", "critic") if now.get(section)]  # optimizer order: LitPPO's
+        for index, section in enumerate(trained):
+            old = ((was.get(section) or {}).get("optimizer") or {}).get("lr")
+            new = now[section]["optimizer"]["lr"]
+            if old and new != old and index < len(checkpoint.get("optimizer_states") or ()):
+                _scale_lr(checkpoint, index, new / old)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         # Where the run is recorded goes into the checkpoint's record, so that a resume continues the run.
@@ -578,3 +721,17 @@ class TrackedConfig(SaveConfigCallback):
     def state_dict(self) -> dict[str, str]:
         # Checkpoints carry the config that made them: ``validate --ckpt_path`` needs nothing else.
         return {CONFIG_STATE_KEY: self.parser.dump(self.config, skip_none=False)}
+
+
+def _scale_lr(checkpoint: dict, index: int, factor: float) -> None:
+    """Multiply the learning rates of optimizer ``index`` of a loaded ``checkpoint`` and of its schedule
+    (current, initial and base) by ``factor``."""
+    for group in checkpoint["optimizer_states"][index]["param_groups"]:
+        for key in ("lr", "initial_lr"):
+            if key in group:
+                group[key] *= factor
+    schedulers = checkpoint.get("lr_schedulers") or []
+    if index < len(schedulers):
+        for key in ("base_lrs", "_last_lr"):
+            if key in schedulers[index]:
+                schedulers[index][key] = [lr * factor for lr in schedulers[index][key]]

@@ -33,20 +33,41 @@ def gsm_symbolic(**kwargs) -> ReasoningGymTask:
     return ReasoningGymTask(dataset="gsm_symbolic", **kwargs)
 
 
-def _check_kwargs(ctor, kwargs: dict, name: str) -> None:
-    """ValueError naming the first key of ``kwargs`` that ``ctor`` does not take (unless it takes **kwargs)."""
+def _parameters(ctor) -> list[str] | None:
+    """The keyword arguments ``ctor`` takes; None when it takes any (``**kwargs``) or cannot tell."""
     try:
         params = inspect.signature(ctor).parameters
     except (TypeError, ValueError):
-        return
+        return None
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def task_parameters(name) -> list[str] | None:
+    """The ``data.task_kwargs`` the task ``name`` (registered, a dotted path module.Class or a reference to a
+    Task class) takes; None when it takes any, or when ``name`` names no class (``build_task`` says why)."""
+    try:
+        ctor = TASKS.get(name) if _registered(name) else import_object(name, "data.task", "Class")
+    except ValueError:
+        return None
+    return _parameters(ctor) if callable(ctor) else None
+
+
+def _registered(name) -> bool:
+    return not is_object_reference(name) and (name in TASKS or not isinstance(name, str) or "." not in name)
+
+
+def _check_kwargs(ctor, kwargs: dict, name: str) -> None:
+    """ValueError naming the first key of ``kwargs`` that ``ctor`` does not take (unless it takes **kwargs)."""
+    allowed = _parameters(ctor)
+    if allowed is None:
         return
-    allowed = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     for key in kwargs:
         if key not in allowed:
             hint = did_you_mean(key, allowed, prefix="data.task_kwargs.")
-            raise ValueError(f"data.task_kwargs.{key} is not a key of task {name!r}{hint}; "
-                             f"allowed: {', '.join(allowed)}")
+            takes = f"allowed: {', '.join(allowed)}" if allowed else "it takes no arguments"
+            raise ValueError(f"data.task_kwargs.{key} is not a key of task {name!r}{hint}; {takes}")
 
 
 DEFAULT_TASK = "arithmetic"
@@ -58,7 +79,7 @@ def build_task(name: str, **kwargs) -> Task:
     working directory) implementing the Task protocol, configured by ``kwargs``, or the Task class or
     instance a reference to a Python object names (``lit_ppo.utils.imports.object_reference``); ValueError
     naming data.task for an unknown name, a path that cannot be imported or a class that is not a Task."""
-    if not is_object_reference(name) and (name in TASKS or not isinstance(name, str) or "." not in name):
+    if _registered(name):
         try:
             ctor = TASKS.get(name)
         except ValueError as e:
@@ -118,4 +139,4 @@ def check_problems(task: Task, name: str) -> Task:
 
 
 __all__ = ["TASKS", "ArithmeticTask", "CalculatorTask", "DatasetTask", "GSM8KTask", "Problem", "ReasoningGymTask",
-           "DEFAULT_TASK", "Task", "build_task", "check_problems", "gsm_symbolic"]
+           "DEFAULT_TASK", "Task", "build_task", "check_problems", "gsm_symbolic", "task_parameters"]

@@ -7,9 +7,10 @@ JSON value keeps its JSON type (read by the json module), Parquet and saved data
 ``datasets`` library, as CSV is) keep their stored types; a reward that wants numbers converts them
 (``float(answer)``) or reads numbers stored as such (JSON numbers, Parquet). Each row's
 ``prompt_key`` column is the prompt (a string, or a list of chat messages {'role', 'content'}), its
-``answer_key`` column the gold answer, and every other column goes to the reward functions by name
-(see lit_ppo.tasks.rewards).
+``answer_key`` column the gold answer (needed only by the built-ins ``exact_match`` and ``math_verify``),
+and every other column goes to the reward functions by name (see lit_ppo.tasks.rewards).
 Each reward function is called once per prompt group, with lists of ``gconfig.n_samples`` entries.
+One of them, ``accuracy_reward``, decides what evaluation counts as solved.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from lit_ppo.tasks.base import Columns, Problem, split_problems, vocabulary_ids
-from lit_ppo.tasks.rewards import DEFAULT_FORMAT_PATTERN, RewardFunction, combined_rewards, resolve_reward_fns
+from lit_ppo.tasks.rewards import (CALL_KEYWORDS, DEFAULT_FORMAT_PATTERN, NEEDS_ANSWER, GroupScores, RewardFunction,
+                                   check_call_signatures, combined_rewards, resolve_reward_fns)
+from lit_ppo.utils.fs import existing_path, user_path
 
 PREFIX = "data.task_kwargs."
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -40,9 +43,7 @@ def read_rows(path: str, key: str) -> list[dict[str, Any]]:
     keeps its JSON type, Parquet and saved datasets their stored types. ValueError naming ``key`` and
     the file if it is missing, of another kind, not UTF-8 text, unreadable or empty."""
     where = f"{PREFIX}{key}={path!r}"
-    p = Path(path)
-    if not p.exists():
-        raise ValueError(f"{where}: no such file or directory")
+    p = existing_path(path, where)
     builder = None if p.is_dir() else FILE_FORMATS.get(p.suffix.lower())
     if not p.is_dir() and builder is None:
         raise ValueError(f"{where}: unsupported extension {p.suffix!r}: must be one of "
@@ -192,7 +193,7 @@ def _datasets():
 def data_digest(path: str | os.PathLike) -> str:
     """SHA-256 of a data file's bytes, or of a directory's files (each one's relative path and bytes,
     in sorted order): what a resumed run compares to tell whether its data changed."""
-    p = Path(path)
+    p = user_path(path)
     files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
     # Keyed by size and modification time: a checkpoint records it at every save, the bytes are read once.
     stamps = tuple((f.relative_to(p).as_posix() if f != p else "", f.stat().st_size, f.stat().st_mtime_ns)
@@ -222,16 +223,27 @@ def _messages(value: Any) -> tuple[dict[str, str], ...] | None:
     return tuple({"role": m["role"], "content": m["content"]} for m in value)
 
 
-def rows_to_problems(rows: list[dict[str, Any]], path: str, prompt_key: str,
-                     answer_key: str | None) -> tuple[Problem, ...]:
-    """Problems of the rows read from ``path``; ValueError naming the key, the file and the column for a
-    missing column or a value of the wrong kind."""
+def rows_to_problems(rows: list[dict[str, Any]], path: str, prompt_key: str, answer_key: str | None,
+                     answer_needed_by: str | None = None, key: str = "train_path") -> tuple[Problem, ...]:
+    """Problems of the rows read from ``path`` (the setting ``key``); ValueError naming the key, the file and
+    the column for a missing column or a value of the wrong kind. The gold answer is read from
+    ``answer_key`` if the column is there; it must be when the reward ``answer_needed_by`` needs it (else
+    the answer is "")."""
     if not rows:
         raise ValueError(f"{path}: has no rows")
     names = list(rows[0])
-    for key, column in (("prompt_key", prompt_key), ("answer_key", answer_key)):
-        if column is not None and column not in names:
-            raise ValueError(f"{PREFIX}{key}={column!r}: {path} has no column {column!r}; columns: {', '.join(names)}")
+    if prompt_key not in names:
+        raise ValueError(f"{PREFIX}prompt_key={prompt_key!r}: {path} has no column {prompt_key!r}; "
+                         f"columns: {', '.join(names)}")
+    if answer_key is not None and answer_key not in names:
+        if answer_needed_by is not None:
+            raise ValueError(f"{PREFIX}answer_key={answer_key!r}: {path} has no column {answer_key!r}, which the "
+                             f"reward {answer_needed_by!r} compares with; columns: {', '.join(names)}")
+        answer_key = None
+    clashing = [name for name in names if name in CALL_KEYWORDS and name != prompt_key]
+    if clashing:
+        raise ValueError(f"{PREFIX}{key}={path!r}: has a column {clashing[0]!r}, a keyword reward functions are "
+                         f"called with ({', '.join(CALL_KEYWORDS)}): rename the column")
     problems = []
     for i, row in enumerate(rows):
         value = row[prompt_key]
@@ -247,8 +259,11 @@ def rows_to_problems(rows: list[dict[str, Any]], path: str, prompt_key: str,
         if answer_key is not None:
             gold = row[answer_key]
             if isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
-                raise ValueError(f"{PREFIX}answer_key={answer_key!r}: {path} row {i}, column {answer_key!r}: "
-                                 f"{type(gold).__name__} is not a string or a number")
+                if answer_needed_by is None:  # no built-in compares with it: a column like any other
+                    gold = ""
+                else:
+                    raise ValueError(f"{PREFIX}answer_key={answer_key!r}: {path} row {i}, column {answer_key!r}: "
+                                     f"{type(gold).__name__} is not a string or a number")
             # A column of ints and floats is read as floats: 2 stays "2", not "2.0".
             answer = str(int(gold)) if isinstance(gold, float) and gold.is_integer() else str(gold)
         columns = Columns({k: v for k, v in row.items() if k != prompt_key})
@@ -276,14 +291,19 @@ class DatasetTask:
     {'role', 'content'} that is templated as given."""
     answer_key: str | None = "answer"
     """The column holding the gold answer, given to the built-in rewards as ``answer`` (and, like every
-    column, to every reward function by its name); None: no answer column."""
+    column, to every reward function by its name). Only ``exact_match`` and ``math_verify`` need it:
+    without them the column may be missing. None: no answer column."""
     reward_fns: list[str] = field(default_factory=lambda: ["math_verify"])
     """Reward functions: built-in names (exact_match, math_verify, format) or dotted paths
-    module.function importable from the working directory, TRL's signature
-    ``fn(prompts, completions, **columns) -> list[float | None]``."""
+    module.function importable from the working directory, called as TRL calls them:
+    ``fn(prompts=, completions=, completion_ids=, trainer_state=, **columns) -> list[float | None]``."""
     reward_weights: list[float] | None = None
-    """One weight per reward function; None: all 1.0. A sample's reward is the weighted sum over the
-    functions that returned a number; None from every function is an invalid reward."""
+    """One weight per reward function (TRL's ``reward_weights``); None: all 1.0. A sample's reward is the
+    weighted sum over the functions that returned a number; None from every function is an invalid reward."""
+    accuracy_reward: str | None = None
+    """The reward function whose value decides what evaluation counts as solved (``eval/accuracy``,
+    pass@k, mean@k: its value reaches ``eval.success_threshold``), as written in ``reward_fns`` or by its
+    metric name. None: the only function, else the first whose name does not contain "format"."""
     format_pattern: str = DEFAULT_FORMAT_PATTERN
     """The regular expression of the built-in ``format`` reward (searched anywhere in the completion)."""
     completion_tokens: list[str] | None = None
@@ -293,6 +313,10 @@ class DatasetTask:
     None: free text."""
 
     _fns: tuple[RewardFunction, ...] = field(init=False, repr=False, compare=False)
+    _accuracy: RewardFunction = field(init=False, repr=False, compare=False)
+    """The function ``accuracy_reward`` resolves to."""
+    _needs_answer: str | None = field(init=False, repr=False, compare=False)
+    """The first configured reward that compares with the gold answer, or None."""
     _splits: dict[str, tuple[Problem, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -316,9 +340,10 @@ class DatasetTask:
                                  f"vocabulary entries (strings) or null")
             self.completion_tokens = [str(t) for t in tokens]
         self._fns = resolve_reward_fns(self.reward_fns, self.reward_weights, self.format_pattern)
-        if self.answer_key is None and any(f.builtin and f.name != "format" for f in self._fns):
-            raise ValueError(f"{PREFIX}answer_key=None is invalid with the reward "
-                             f"{next(f.name for f in self._fns if f.builtin and f.name != 'format')!r}: "
+        self._accuracy = self._accuracy_function()
+        self._needs_answer = next((f.name for f in self._fns if f.name in NEEDS_ANSWER), None)
+        if self.answer_key is None and self._needs_answer is not None:
+            raise ValueError(f"{PREFIX}answer_key=None is invalid with the reward {self._needs_answer!r}: "
                              f"it needs the gold answer column")
         train = self._load(self.train_path, "train_path")
         test: tuple[Problem, ...] = ()
@@ -336,22 +361,56 @@ class DatasetTask:
             train = tuple(p for i, p in enumerate(train) if i not in held_out)
         self._splits = {"train": train, "test": test}
 
+    def _accuracy_function(self) -> RewardFunction:
+        """The function ``accuracy_reward`` names, or its default; ValueError naming the key when it names
+        none of ``reward_fns``, or when there is no default."""
+        if self.accuracy_reward is not None:
+            for f in self._fns:
+                if self.accuracy_reward in (f.name, f.metric):
+                    return f
+            raise ValueError(f"{PREFIX}accuracy_reward={self.accuracy_reward!r} is not one of the reward functions: "
+                             f"allowed: {', '.join(f.metric for f in self._fns)}")
+        if len(self._fns) == 1:
+            return self._fns[0]
+        for f in self._fns:
+            if "format" not in f.metric:
+                return f
+        raise ValueError(f"{PREFIX}accuracy_reward is needed: every reward function is a format reward "
+                         f"({', '.join(f.metric for f in self._fns)}); name the one whose value decides what "
+                         f"evaluation counts as solved")
+
+    @property
+    def reward_names(self) -> tuple[str, ...]:
+        """The reward functions' metric names, in configured order (``GroupScores.terms``)."""
+        return tuple(f.metric for f in self._fns)
+
+    @property
+    def accuracy_term(self) -> str:
+        """The metric name of the function that decides what evaluation counts as solved."""
+        return self._accuracy.metric
+
     def _load(self, path: str, key: str) -> tuple[Problem, ...]:
         if not isinstance(path, (str, os.PathLike)):
             raise ValueError(f"{PREFIX}{key}={path!r} is invalid: must be a file or directory path")
-        return rows_to_problems(read_rows(os.fspath(path), key), os.fspath(path), self.prompt_key, self.answer_key)
+        problems = rows_to_problems(read_rows(os.fspath(path), key), os.fspath(path), self.prompt_key,
+                                    self.answer_key, self._needs_answer, key)
+        check_call_signatures(self._fns, list(problems[0].columns))
+        return problems
 
     def problems(self, split: str) -> Sequence[Problem]:
         """The problems of 'train' or 'test', in file order."""
         return split_problems(self._splits, split)
 
     def reward(self, problem: Problem, completion: str) -> Any:
-        """The weighted sum of the reward functions' values for this completion (None if none applies)."""
-        return self.group_rewards(problem, [completion])[0]
+        """The weighted sum of the reward functions' values for this completion text (None if none applies),
+        scored without its tokens (``completion_ids`` is ``[[]]``) at step 0."""
+        return self.score_group(problem, [completion], [[]], 0).rewards[0]
 
-    def group_rewards(self, problem: Problem, completions: list[str]) -> list[Any]:
-        """``reward`` of each of one prompt's completions, with one call of each reward function (as in
-        TRL, the prompt and every column are repeated once per completion)."""
+    def score_group(self, problem: Problem, completions: list[str], completion_ids: list[list[int]],
+                    step: int) -> GroupScores:
+        """The rewards of one prompt's completions (their texts and token ids, sampled at iteration ``step``),
+        with one call of each reward function (as in TRL, the prompt and every column are repeated once
+        per completion)."""
         n = len(completions)
         if problem.messages is not None:
             prompts: list = [[dict(m) for m in problem.messages] for _ in range(n)]
@@ -359,7 +418,8 @@ class DatasetTask:
         else:
             prompts, texts = [problem.prompt] * n, list(completions)
         columns = {k: [v] * n for k, v in problem.columns.items()}
-        return combined_rewards(self._fns, prompts, texts, columns, [problem.answer] * n)
+        return combined_rewards(self._fns, prompts, texts, [list(ids) for ids in completion_ids], columns,
+                                [problem.answer] * n, step)
 
     def allowed_completion_tokens(self, tokenizer) -> list[int] | None:
         """Ids of ``completion_tokens`` and the tokenizer's EOS; None (free text) without them."""

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import ClassVar, Sequence
 
 from lit_ppo.tasks.base import Problem, split_problems
+from lit_ppo.utils.fs import user_path
 
 FIELDS = ("question", "answer")
 INSTRUCTION = "Please put your final answer within \\boxed{}."
@@ -56,7 +57,7 @@ def _gold_number(answer: str) -> str:
 def load_problems(path: str | Path, key: str = "path") -> tuple[Problem, ...]:
     """GSM8K records of ``path`` as Problems: the question plus the boxed-answer instruction,
     and the gold number after '####'. Errors name ``key``, the setting that gave the path."""
-    path = Path(path)
+    path = user_path(path)
     problems = []
     try:
         records = _read_records(path)

@@ -1,24 +1,34 @@
-"""Reward functions with TRL's signature, the built-in ones, and their weighted sum.
+"""Reward functions called as TRL calls them, the built-in ones, and their weighted sum.
 
-A reward function is called as ``fn(prompts, completions, **columns) -> list[float | None]``, as in
-TRL: ``prompts`` and ``completions`` are lists (strings, or lists of chat messages for a prompt
-given as messages, the completion then being ``[{'role': 'assistant', 'content': text}]``), and
-every other column of the dataset arrives as a keyword argument holding a list of the same length,
-so reward functions written for TRL work unchanged (they should accept ``**kwargs``). A value of
-None means "not applicable to this sample". The sample's reward is ``sum_i w_i * r_i`` over the
-functions that returned a number; if every function returned None, the reward is None, which the
-workflow treats as an invalid reward (``data.on_invalid_reward``: stop the run, or drop the group).
+A reward function is called with keywords only, as TRL's GRPOTrainer calls it:
+``fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) -> list[float | None]``.
+``prompts`` and ``completions`` are lists (strings, or for a prompt given as chat messages the
+messages, the completion then being ``[{'role': 'assistant', 'content': text}]``), ``completion_ids``
+the completions' token ids (lists of ints, the stop token included), ``trainer_state`` an object whose
+``global_step`` is the iteration that sampled the completions (the policy version), and every other
+column of the dataset arrives as a keyword holding a list of the same length. So reward functions
+written for TRL run unchanged (they should accept ``**kwargs``), and so do functions written as
+``fn(prompts, completions, answer, **kwargs)``. A function may be ``async def`` (or return an
+awaitable): the awaitables of one call are awaited together, on an event loop of their own. A value
+of None means "not applicable to this sample". The sample's reward is ``sum_i w_i * r_i`` over the
+functions that returned a number (TRL's weighted nansum); if every function returned None, the reward
+is None, which the workflow treats as an invalid reward (``data.on_invalid_reward``: stop the run, or
+drop the group).
 
 Built-ins, named without a module path: ``exact_match`` (the completion, stripped, equals the gold
 answer), ``math_verify`` (math-verify judges them equivalent, as in the gsm8k task) and ``format``
 (the completion matches a regular expression, ``format_pattern``). The built-ins get the gold answer
-(the ``answer_key`` column) as ``answer``.
+(the ``answer_key`` column) as ``answer``; ``exact_match`` and ``math_verify`` need it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
+import math
 import re
+import signal
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -27,9 +37,12 @@ from lit_ppo.errors import RunStopped
 from lit_ppo.tasks.base import reward_float, reward_problem
 from lit_ppo.tasks.gsm8k import math_equal
 from lit_ppo.utils.imports import import_object
+from lit_ppo.utils.stop_requests import received_signal
 
 DEFAULT_FORMAT_PATTERN = r"\\boxed\{.+\}"
 """The ``format`` reward's default: a \\boxed{...} answer somewhere in the completion."""
+CALL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state")
+"""The keywords every reward function is called with, besides one per dataset column."""
 
 
 def _number(value: Any) -> float | None:
@@ -79,6 +92,16 @@ def format_reward(prompts: list, completions: list, pattern: str = DEFAULT_FORMA
 
 BUILTINS: dict[str, Callable] = {"exact_match": exact_match, "math_verify": math_verify, "format": format_reward}
 """Built-in reward name -> function; these receive the gold answer as ``answer``."""
+NEEDS_ANSWER = ("exact_match", "math_verify")
+"""The built-ins that compare with the gold answer (the ``answer_key`` column)."""
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """What a reward function gets as ``trainer_state``: the part of TRL's ``TrainerState`` lit_ppo has."""
+
+    global_step: int
+    """The iteration that sampled the completions: the policy version, the number of updates before it."""
 
 
 @dataclass(frozen=True)
@@ -88,11 +111,47 @@ class RewardFunction:
     name: str
     """As configured: a built-in name or a dotted path."""
     fn: Callable
-    """The function, TRL's signature."""
+    """The function, called with TRL's keywords."""
     weight: float
     """Its weight in the sum."""
     builtin: bool
     """A built-in: it gets the gold answer as ``answer``."""
+    metric: str
+    """Its name in metrics (``rollout/rewards/<metric>/mean``): a built-in's name, else the function's
+    ``__name__``, characters other than letters, digits and ``_.-`` replaced by ``_``."""
+
+
+@dataclass(frozen=True)
+class GroupScores:
+    """One prompt group's rewards: the weighted sums and each function's own values."""
+
+    rewards: list[Any]
+    """The weighted sum per completion; None where every function returned None; a value that is not a
+    usable reward is passed on as is, for the workflow's check."""
+    terms: dict[str, list[float]]
+    """Per function (by ``RewardFunction.metric``, in configured order): its value per completion, NaN
+    where it returned None or something that is not a usable reward."""
+
+
+def _callable_name(fn: Callable) -> str:
+    """The name of ``fn``: its ``__name__``, a partial's function's, or a callable object's class name."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def metric_names(names: Sequence[str]) -> list[str]:
+    """``names`` with only letters, digits and ``_.-`` (others become ``_``), a repeated one numbered
+    ``-2``, ``-3``, ... in order."""
+    out: list[str] = []
+    for name in names:
+        base = re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "reward"
+        unique, n = base, 1
+        while unique in out:
+            n += 1
+            unique = f"{base}-{n}"
+        out.append(unique)
+    return out
 
 
 def resolve_reward_fns(names: Sequence[str], weights: Sequence[float] | None, format_pattern: str,
@@ -123,7 +182,7 @@ def resolve_reward_fns(names: Sequence[str], weights: Sequence[float] | None, fo
             fn = BUILTINS[name]
             if name == "format":
                 fn = functools.partial(fn, pattern=format_pattern)
-            resolved.append(RewardFunction(name, fn, float(weight), True))
+            resolved.append((name, fn, float(weight), True, name))
             continue
         if not isinstance(name, str) or "." not in name:
             raise ValueError(f"{prefix}reward_fns[{i}]={name!r} is invalid: must be a built-in "
@@ -131,8 +190,48 @@ def resolve_reward_fns(names: Sequence[str], weights: Sequence[float] | None, fo
         fn = import_object(name, f"{prefix}reward_fns[{i}]", "function")
         if not callable(fn):
             raise ValueError(f"{prefix}reward_fns[{i}]={name!r} is not a function")
-        resolved.append(RewardFunction(name, fn, float(weight), False))
-    return tuple(resolved)
+        resolved.append((name, fn, float(weight), False, _callable_name(fn)))
+    metrics = metric_names([r[4] for r in resolved])
+    return tuple(RewardFunction(*r[:4], metric) for r, metric in zip(resolved, metrics))
+
+
+def check_call_signatures(fns: Sequence[RewardFunction], columns: Sequence[str],
+                          prefix: str = "data.task_kwargs.") -> None:
+    """ValueError in one line for a function that cannot be called with TRL's keywords and ``columns``
+    (the dataset's columns passed by name), saying how to write it."""
+    for i, f in enumerate(fns):
+        try:
+            signature = inspect.signature(f.fn)
+        except (TypeError, ValueError):  # a callable without a readable signature is taken on trust
+            continue
+        keywords = dict.fromkeys([*CALL_KEYWORDS, *columns, *(["answer"] if f.builtin else [])])
+        try:
+            signature.bind(**keywords)
+        except TypeError as e:
+            name = _callable_name(f.fn)
+            raise ValueError(
+                f"{prefix}reward_fns[{i}]={f.name!r}: {name}{signature} cannot take the keywords reward functions "
+                f"are called with ({', '.join(keywords)}): {e}; name its parameters after them and end with "
+                f"**kwargs, e.g. def {name}(completions, **kwargs)") from None
+
+
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """An event loop running on a daemon thread of its own, started on first use: asynchronous reward
+    functions run there whatever the calling thread runs (a notebook's loop, the rollout producer)."""
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            _loop = asyncio.new_event_loop()
+            threading.Thread(target=_loop.run_forever, daemon=True, name="reward-event-loop").start()
+        return _loop
+
+
+async def _gather(awaitables: list) -> list:
+    return await asyncio.gather(*awaitables, return_exceptions=True)
 
 
 def _short(value: Any, limit: int = 60) -> str:
@@ -140,34 +239,69 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def combined_rewards(fns: Sequence[RewardFunction], prompts: list, completions: list, columns: dict[str, list],
-                     answers: list[str]) -> list[Any]:
-    """The weighted sum per sample of every function's reward (None where every function returned None;
-    a returned value that is not a finite real number is passed on as is, for the workflow's check).
+def _raised(f: RewardFunction, error: BaseException, prompts: list, completions: list) -> RunStopped:
+    """The one-line failure of reward function ``f`` that raised ``error``."""
+    n = len(completions)
+    reason = f"{type(error).__name__}: {str(error).splitlines()[0]}" if str(error) else type(error).__name__
+    which = "completion" if n == 1 else f"first of {n} completions"
+    return RunStopped(f"reward function {f.name!r} raised {reason} for prompt {_short(prompts[0])} "
+                      f"({which} {_short(completions[0], 40)})")
+
+
+def _interrupt_is_its_own() -> bool:
+    """Whether a KeyboardInterrupt that left a reward function was raised by the function itself: no stop
+    signal was received, and SIGINT is not Python's default handler (which raises one for Ctrl-C)."""
+    return received_signal() is None and signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+
+
+def _values(f: RewardFunction, values: Any, n: int) -> list:
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or len(values) != n:
+        got = f"{len(values)} values" if hasattr(values, "__len__") and not isinstance(values, (str, bytes)) \
+            else _short(values, 40)
+        raise RunStopped(f"reward function {f.name!r} returned {got} for {n} completions: it must return a "
+                         f"list with one float (or None) per completion")
+    return list(values)
+
+
+def combined_rewards(fns: Sequence[RewardFunction], prompts: list, completions: list, completion_ids: list[list[int]],
+                     columns: dict[str, list], answers: list[str], step: int) -> GroupScores:
+    """Every function's values for these completions (called as TRL calls them, ``trainer_state.global_step``
+    = ``step``; the awaitables that asynchronous ones return awaited together) and their weighted sum.
 
     RunStopped in one line naming the function (and the first sample) if it raises, or returns
     something other than a list with one value per sample."""
     n = len(completions)
-    totals: list[Any] = [None] * n
+    state = TrainerState(global_step=step)
+    outputs: list[Any] = []
     for f in fns:
         kwargs = dict(columns)
         if f.builtin:
             kwargs["answer"] = answers
         try:
-            values = f.fn(prompts, completions, **kwargs)
+            outputs.append(f.fn(prompts=prompts, completions=completions, completion_ids=completion_ids,
+                                trainer_state=state, **kwargs))
+        except KeyboardInterrupt as e:
+            if not _interrupt_is_its_own():
+                raise
+            raise _raised(f, e, prompts, completions) from e
         except Exception as e:
-            reason = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
-            which = "completion" if n == 1 else f"first of {n} completions"
-            raise RunStopped(f"reward function {f.name!r} raised {reason} for prompt {_short(prompts[0])} "
-                             f"({which} {_short(completions[0], 40)})") from e
-        if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or len(values) != n:
-            got = f"{len(values)} values" if hasattr(values, "__len__") and not isinstance(values, (str, bytes)) \
-                else _short(values, 40)
-            raise RunStopped(f"reward function {f.name!r} returned {got} for {n} completions: it must return a "
-                             f"list with one float (or None) per completion")
+            raise _raised(f, e, prompts, completions) from e
+    pending = [i for i, out in enumerate(outputs) if inspect.isawaitable(out)]
+    if pending:
+        done = asyncio.run_coroutine_threadsafe(_gather([outputs[i] for i in pending]), _event_loop()).result()
+        for i, out in zip(pending, done):
+            if isinstance(out, BaseException):
+                raise _raised(fns[i], out, prompts, completions) from out
+            outputs[i] = out
+    totals: list[Any] = [None] * n
+    terms: dict[str, list[float]] = {}
+    for f, out in zip(fns, outputs):
+        values = _values(f, out, n)
+        terms[f.metric] = [math.nan if value is None or _number(value) is None else _number(value)
+                           for value in values]
         for i, value in enumerate(values):
             if value is None or (totals[i] is not None and _number(totals[i]) is None):
                 continue  # not applicable, or this sample already holds an invalid value
             number = _number(value)
             totals[i] = value if number is None else (totals[i] or 0.0) + f.weight * number
-    return totals
+    return GroupScores(totals, terms)

@@ -5,9 +5,10 @@ or optimizer state hold a non-finite value is refused before anything is written
 streamed into ``<dir>/.<name>.tmp-<random>`` in the destination directory, flushed and fsynced,
 renamed onto ``<dir>/<name>`` with ``os.replace`` (atomic within one filesystem) and the directory
 is fsynced: whatever kills the process, ``<name>`` is the previous checkpoint or the new one, never
-a partial file. A write the filesystem refuses (a full disk, a quota, a read-only mount, the file size
-limit) stops the run in one line naming the file and the reason (``RunStopped``), the temporary file
-removed and the previous checkpoint kept. Lightning's ``TorchCheckpointIO`` stages the file in
+a partial file. Retention removes, with the periodic checkpoint it drops, any older one that a
+killed process left behind (``remove_checkpoint``). A write the filesystem refuses (a full disk, a
+quota, a read-only mount, the file size limit) stops the run in one line naming the file and the
+reason (``RunStopped``), the temporary file removed and the previous checkpoint kept. Lightning's ``TorchCheckpointIO`` stages the file in
 ``$TMPDIR`` instead; when that is another filesystem its final move is a copy over the existing
 checkpoint, and a kill during the copy leaves a truncated file.
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -55,6 +57,8 @@ FINITE_SECTIONS = ("state_dict", "optimizer_states")
 """Checkpoint sections that must be finite. Callback state may hold infinities legitimately
 (ModelCheckpoint's initial ``kth_value``, EarlyStopping's ``best_score``)."""
 PLAIN_TYPES = (bool, int, float, str, bytes, type(None))
+PERIODIC_NAME = re.compile(r"^epoch=\d+-step=(\d+)(?:-v\d+)?\.ckpt$")
+"""ModelCheckpoint's default name of a periodic checkpoint; its group is the iteration it holds."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,6 +232,24 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(content, path)
             return
         write_atomically(content, path.removeprefix("file://"))
+
+    def remove_checkpoint(self, path) -> None:
+        """Remove the periodic checkpoint that retention (ModelCheckpoint's ``save_top_k``) drops, and with
+        it every older periodic checkpoint beside it: a process killed after writing a checkpoint and
+        before removing the one it replaces leaves that one behind, and a resume from the newer one does
+        not know it. Retention then converges at the next checkpoint written."""
+        super().remove_checkpoint(path)
+        local = os.fspath(path)
+        if "://" in local and not local.startswith("file://"):
+            return
+        directory, name = os.path.split(local.removeprefix("file://"))
+        dropped = PERIODIC_NAME.match(name)
+        if dropped is None or not os.path.isdir(directory):
+            return
+        for entry in os.listdir(directory):
+            older = PERIODIC_NAME.match(entry)
+            if older is not None and int(older[1]) < int(dropped[1]):
+                super().remove_checkpoint(os.path.join(directory, entry))
 
     def load_checkpoint(self, path, map_location: Any = lambda storage, loc: storage,
                         weights_only: bool | None = None) -> dict[str, Any]:

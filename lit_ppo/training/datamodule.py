@@ -31,7 +31,7 @@ from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.collector import Collector
 from lit_ppo.rollout.engine import RolloutEngine, SamplingParams
 from lit_ppo.rollout.engines import build_engine
-from lit_ppo.rollout.evaluation import SUMS, Evaluation, greedy
+from lit_ppo.rollout.evaluation import Evaluation, greedy, sum_names
 from lit_ppo.rollout.producer import AsyncProducer, SharedEngine, batch_to_dict, drop_stale
 from lit_ppo.rollout.stream import PromptStream, stable_seed
 from lit_ppo.rollout.workflows import MultiTurnWorkflow, SingleTurnWorkflow, is_multi_turn
@@ -284,9 +284,10 @@ class RolloutDataModule(L.LightningDataModule):
         return available if self.eval.max_problems is None else min(available, self.eval.max_problems)
 
     def evaluate(self, indices: list[int]) -> torch.Tensor:
-        """The ``lit_ppo.rollout.evaluation.SUMS`` of the test problems at ``indices``, scored by the engine."""
+        """The ``lit_ppo.rollout.evaluation.sum_names`` sums of the test problems at ``indices``, scored by the
+        engine."""
         if not indices:
-            return torch.zeros(len(SUMS), dtype=torch.float64)
+            return torch.zeros(len(sum_names(self.task)), dtype=torch.float64)
         problems = self.task.problems("test")
         # The same seed for the same problems at every evaluation: curves compare like with like.
         seed = stable_seed(self.rollout.seed, -1, indices[0])

@@ -9,6 +9,7 @@ tokens (``TOKEN_MEANS``), the tokens of the micro-batches an update statistic ca
 
 from __future__ import annotations
 
+import math
 import time
 
 import lightning as L
@@ -26,6 +27,9 @@ ROW_MEANS = ("rollout/reward_mean", "rollout/response_length", "rollout/truncate
 TOKEN_MEANS = ("actor/advantage_abs_mean", "actor/kl_reward", "critic/explained_variance", "mismatch/logp_abs_diff",
                "rollout/staleness_mean")
 """Iteration metrics that are means over a rank's rows / its loss tokens."""
+REWARD_TERMS = "rollout/rewards/"
+"""Per reward function of a task that sums several (``RolloutBatch.reward_terms``): ``<name>/mean`` and
+``<name>/std`` (sample standard deviation) over the rows where it gave a value, TRL's ``rewards/<name>/...``."""
 MISMATCH_STATS = ("behave_imp_weight", "behave_approx_kl", "filtered_fraction")
 """Policy-loss statistics of the behaviour policy vs the proximal policy, logged under mismatch/."""
 
@@ -64,6 +68,12 @@ def update_metrics(batch: RolloutBatch, adv: Advantages, values: torch.Tensor | 
         returns = adv.returns[mask]
         metrics["critic/explained_variance"] = float(1 - (returns - values[mask]).var() / returns.var().clamp(min=1e-8))
     weights = {k: float(batch.num_rows) for k in ROW_MEANS}
+    for name, values in batch.reward_terms.items():
+        given = values[torch.isfinite(values)].double()
+        # The std is carried as the mean square until the ranks' values are pooled (log_iteration).
+        metrics[f"{REWARD_TERMS}{name}/mean"] = float(given.mean()) if given.numel() else 0.0
+        metrics[f"{REWARD_TERMS}{name}/std"] = float(given.square().mean()) if given.numel() else 0.0
+        weights[f"{REWARD_TERMS}{name}/mean"] = weights[f"{REWARD_TERMS}{name}/std"] = float(given.numel())
     weights.update({k: float(n_tokens) for k in TOKEN_MEANS})
     weights.update(sums.weights)  # the update's statistics: the tokens of the micro-batches they came from
     return metrics, weights
@@ -86,6 +96,14 @@ def log_iteration(module: L.LightningModule, metrics: dict[str, float], start: f
     totals = module.trainer.strategy.reduce(packed, reduce_op="sum").tolist()
     logged = {k: totals[i] if k in SUMMED else totals[i] / max(totals[len(names) + i], 1e-12)
               for i, k in enumerate(names)}
+    for i, k in enumerate(names):
+        if k.startswith(REWARD_TERMS) and k.endswith("/std"):
+            mean_key, count = k.removesuffix("/std") + "/mean", totals[len(names) + i]
+            if count == 0:  # the function gave no value in this iteration
+                logged[mean_key] = logged[k] = math.nan
+            else:
+                variance = max(logged[k] - logged[mean_key] ** 2, 0.0) * count / max(count - 1, 1)
+                logged[k] = math.sqrt(variance)
     # Lightning takes a logged "step" as the loggers' step: the iteration as the console prints it (else
     # the iteration before, counted from 0).
     logged["step"] = float(module.trainer.global_step)

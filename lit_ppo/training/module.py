@@ -36,7 +36,7 @@ from lit_ppo.models.lora import adapters_disabled, add_lora, lora_config, merged
 from lit_ppo.models.sampling import allowed_mask
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.engine import SamplingParams
-from lit_ppo.rollout.evaluation import SUMS, eval_metrics
+from lit_ppo.rollout.evaluation import SUMS, eval_metrics, sum_names
 from lit_ppo.rollout.workflows import task_name
 from lit_ppo.training.checkpoint_io import install_checkpoint_io
 from lit_ppo.training.datamodule import RolloutDataModule
@@ -324,7 +324,7 @@ class LitPPO(L.LightningModule):
 
     # ------------------------------------------------------------------ evaluation (lit_ppo.rollout.evaluation)
     def on_validation_epoch_start(self) -> None:
-        self._eval_sums = torch.zeros(len(SUMS), dtype=torch.float64)
+        self._eval_sums = torch.zeros(len(sum_names(self.trainer.datamodule.task)), dtype=torch.float64)
 
     def validation_step(self, batch: list[int], batch_idx: int) -> None:
         """Score test problems ``batch`` (indices into the task's test split) through the engine."""
@@ -336,7 +336,7 @@ class LitPPO(L.LightningModule):
         """Add the sums over ranks and log the means (every rank calls this exactly once)."""
         datamodule = self.trainer.datamodule
         sums = self.trainer.strategy.reduce(self._eval_sums.to(self.device), reduce_op="sum").cpu()
-        metrics = eval_metrics(sums, datamodule.eval.k)
+        metrics = eval_metrics(sums, datamodule.eval.k, sum_names(datamodule.task))
         # Float64 tensors: Lightning would store Python floats in float32. An evaluation that a stop cut
         # short scored only part of the split: no score.
         if metrics and not stop_requested():

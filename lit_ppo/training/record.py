@@ -15,6 +15,7 @@ from lit_ppo.config import DEFAULT_ALGO, ModelConfig
 from lit_ppo.tasks import DEFAULT_TASK, build_task
 from lit_ppo.tasks.dataset import data_digest
 from lit_ppo.training.checkpoint_io import PLAIN_TYPES
+from lit_ppo.utils.fs import user_path
 
 RECORD_KEY = "lit_ppo"
 """Top-level checkpoint key of what the run was made with (see ``run_record``)."""
@@ -57,7 +58,7 @@ def task_identity(task: Any) -> dict[str, Any]:
                 out[f"task.{f.name}"] = value
     for name in DATA_PATH_FIELDS:
         path = out.get(f"task.{name}")
-        if isinstance(path, str) and os.path.exists(path):
+        if isinstance(path, str) and user_path(path).exists():
             out[f"task.{name}{DATA_DIGEST_SUFFIX}"] = data_digest(path)
     return out
 

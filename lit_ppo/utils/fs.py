@@ -3,8 +3,9 @@
 A file is written into a hidden temporary file beside it, fsynced and renamed onto it (``os.replace`` is
 atomic within one filesystem), then the directory is fsynced: whatever kills the process, the path holds
 the previous content or the new one, never a partial file. A directory is written into a hidden
-temporary directory beside it and published by renames (``replace_directory``). A write that the
-filesystem refuses is one line naming the file and the reason (``RunStopped``).
+temporary directory beside it and published by renames (``replace_directory``); when a kill cuts that
+short between the renames, the next writer puts the previous content back first (``restore_interrupted``).
+A write that the filesystem refuses is one line naming the file and the reason (``RunStopped``).
 """
 
 from __future__ import annotations
@@ -16,9 +17,32 @@ import os
 import re
 import secrets
 import shutil
+import stat
+from pathlib import Path
 from typing import BinaryIO, Callable
 
 from lit_ppo.errors import RunStopped
+
+
+def user_path(path: str | os.PathLike) -> Path:
+    """A path as a user gave it (a setting, a flag, a URI's file), ``~`` and ``~user`` expanded: the one
+    place that happens, as a shell would have done for a path of its own."""
+    return Path(os.path.expanduser(os.fspath(path)))
+
+
+def existing_path(path: str | os.PathLike, where: str) -> Path:
+    """``user_path(path)``, which must be a regular file or a directory: ValueError of one line that starts
+    with ``where`` for one that is missing or of another kind (reading a named pipe would wait for a
+    writer forever)."""
+    p = user_path(path)
+    if not p.exists():
+        raise ValueError(f"{where}: no such file or directory")
+    if not (p.is_file() or p.is_dir()):
+        mode = p.stat().st_mode
+        kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device")
+        raise ValueError(f"{where}: is {kind}, not a regular file or a directory: give a file it can read whole")
+    return p
 
 
 def _create_temp(directory: str, name: str) -> tuple[str, int]:
@@ -126,8 +150,8 @@ def temporary_directory(path: str | os.PathLike) -> str:
 def replace_directory(temp: str | os.PathLike, path: str | os.PathLike) -> None:
     """Publish the complete directory ``temp`` as ``path``. A directory cannot be renamed onto a
     non-empty one, so the old one moves aside first (to ``.<name>.old-<random>``): a kill between the
-    two renames leaves it there, complete, and ``read_checkpoint`` names it; an error between them
-    moves it back."""
+    two renames leaves it there, complete, and the next writer puts it back first
+    (``restore_interrupted``; ``read_checkpoint`` names it); an error between them moves it back."""
     path = os.path.abspath(path)
     directory, name = os.path.split(path)
     for root, _, files in os.walk(temp):  # the files' data, before the renames make them visible
@@ -149,11 +173,28 @@ def replace_directory(temp: str | os.PathLike, path: str | os.PathLike) -> None:
         shutil.rmtree(old) if os.path.isdir(old) and not os.path.islink(old) else os.unlink(old)
 
 
+def restore_interrupted(path: str | os.PathLike) -> str | None:
+    """Put back the previous content of ``path`` when a ``replace_directory`` was killed between its two
+    renames (``path`` gone, its old content set aside); the set-aside directory it came from, or None."""
+    directory, name = os.path.split(os.path.abspath(path))
+    if os.path.lexists(path) or not os.path.isdir(directory):
+        return None
+    aside = [os.path.join(directory, e) for e in os.listdir(directory) if e.startswith(f".{name}.old-")]
+    if not aside:
+        return None
+    newest = max(aside, key=lambda p: os.lstat(p).st_ctime)  # a rename sets it: the last one set aside
+    os.rename(newest, path)
+    _fsync_directory(directory)
+    return newest
+
+
 def remove_stale_directories(path: str | os.PathLike) -> None:
-    """Temporary and set-aside directories of ``path`` left by killed writers."""
+    """Temporary and set-aside directories of ``path`` left by killed writers; a previous content that
+    a killed writer had set aside and not yet replaced is put back as ``path`` instead."""
     directory, name = os.path.split(os.path.abspath(path))
     if not os.path.isdir(directory):
         return
+    restore_interrupted(path)
     for entry in os.listdir(directory):
         if entry.startswith((f".{name}.tmp-", f".{name}.old-")):
             shutil.rmtree(os.path.join(directory, entry), ignore_errors=True)

@@ -9,6 +9,7 @@ installed entry point, ``python -c``) may not have it, so it is appended here be
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 from typing import Any
@@ -21,13 +22,19 @@ _OBJECTS: dict[str, Any] = {}
 
 def object_reference(obj: Any) -> str:
     """The name under which a config holds ``obj``, an object of this process (a function, a lambda, a Task
-    class or instance): ``python:<module>.<qualified name>``, the same for the same object, ``#2``, ``#3``
-    after it for another object of that name. ``import_object`` takes it back, in this process only."""
+    class or instance): ``python:<module>.<qualified name>``. A function or class is known by that name, so
+    that defining it again (re-running a notebook cell) names the same thing, now the newest definition;
+    a lambda, a local function or an instance gets ``#2``, ``#3`` after it for another object of that name.
+    ``import_object`` takes it back, in this process only."""
     for reference, known in _OBJECTS.items():
         if known is obj:
             return reference
-    owner = obj if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__") else type(obj)
+    named = isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__")
+    owner = obj if named else type(obj)
     base = f"{REFERENCE_PREFIX}{getattr(owner, '__module__', None) or 'object'}.{owner.__qualname__}"
+    if named and "<" not in owner.__qualname__:
+        _OBJECTS[base] = obj
+        return base
     reference, n = base, 1
     while reference in _OBJECTS:
         n += 1
@@ -41,11 +48,48 @@ def is_object_reference(value: Any) -> bool:
     return isinstance(value, str) and value.startswith(REFERENCE_PREFIX)
 
 
+def object_references(tree: Any, key: str = "") -> dict[str, str | list[str]]:
+    """Dotted key -> the reference to a Python object it holds (the whole list, for a list that holds one), for
+    every key of a config ``tree`` that holds one."""
+    found: dict[str, str | list[str]] = {}
+    if isinstance(tree, dict):
+        for name, child in tree.items():
+            found.update(object_references(child, f"{key}.{name}" if key else str(name)))
+    elif isinstance(tree, list):
+        if any(map(is_object_reference, tree)):
+            found[key] = list(tree)
+        for child in tree:
+            found.update(object_references(child, key) if isinstance(child, (dict, list)) else {})
+    elif is_object_reference(tree):
+        found[key] = tree
+    return found
+
+
+def python_source(value: Any) -> str:
+    """``value`` as Python source: a reference as the name its object had in its module
+    (``python:__main__.correct#2`` -> ``correct``), a list item by item, anything else as its repr."""
+    if isinstance(value, list):
+        return f"[{', '.join(map(python_source, value))}]"
+    if is_object_reference(value):
+        return value.removeprefix(REFERENCE_PREFIX).split("#")[0].rsplit(".", 1)[-1]
+    return repr(value)
+
+
 def ensure_cwd_importable() -> None:
     """Append the working directory to ``sys.path`` unless it (or '') is already there."""
     cwd = os.getcwd()
     if not any(os.path.abspath(entry or os.curdir) == cwd for entry in sys.path):
         sys.path.append(cwd)
+
+
+def shadowing_file(package: str) -> str | None:
+    """The file that ``import package`` would load instead of the installed package of that name (a user's
+    ``mlflow.py`` in the working directory, first on ``sys.path``), or None."""
+    found = sys.modules.get(package)
+    spec = getattr(found, "__spec__", None) if found is not None else importlib.util.find_spec(package)
+    if spec is None or spec.submodule_search_locations is not None:
+        return None
+    return spec.origin
 
 
 def describe(error: BaseException) -> str:
@@ -61,8 +105,8 @@ def import_object(path: str, key: str, what: str) -> Any:
     if is_object_reference(path):
         if path not in _OBJECTS:
             raise ValueError(f"{key}={path!r} was a Python object of the process that composed the config: give "
-                             f"the object again (lit_ppo.compose(..., values={{{key.split('[')[0]!r}: ...}})) or a "
-                             f"dotted path module.{what}")
+                             f"the object again (values={{{key.split('[')[0]!r}: ...}} of lit_ppo.compose, "
+                             f"lit_ppo.validate or lit_ppo.test) or a dotted path module.{what}")
         return _OBJECTS[path]
     if not isinstance(path, str) or "." not in path.strip(".") or path.startswith(".") or path.endswith("."):
         raise ValueError(f"{key}={path!r} is invalid: must be a dotted path module.{what}")

@@ -147,6 +147,50 @@ def test_export_refuses_to_write_over_a_local_base_model(trained, tmp_path, expo
     assert files(entry) == before
 
 
+def test_export_never_writes_into_a_run_nor_over_what_holds_runs_stores_or_the_working_directory(
+        trained, tmp_path, export_here, no_model_load, monkeypatch):
+    model = trained.dir / "model"
+    before = files(trained.cwd)
+    # One real process: the run's final model is not replaced by an older checkpoint's weights.
+    result = run_cli(["export", "--ckpt_path", str(trained.ckpt), "--output", str(model), "--overwrite"], trained.cwd)
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        f"error: --output {model}: is inside the run directory {trained.dir}, whose files its fit writes; export "
+        f"never writes there, with or without --overwrite: give a new directory apart from it"]
+    assert files(trained.cwd) == before
+    # Places that hold runs, tracking stores, the working or the home directory.
+    work = tmp_path / "work"
+    (work / "project").mkdir(parents=True)
+    (work / "project" / "mlflow.db").write_bytes(b"runs")
+    (tmp_path / "filestore" / "mlruns" / "0").mkdir(parents=True)
+    old_run = tmp_path / "old" / "runs" / "lit_ppo" / "grpo-1"
+    (old_run / "checkpoints").mkdir(parents=True)
+    (old_run / "config.yaml").write_text("seed: 0\n")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(work / "project")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'elsewhere' / 'runs.db'}")
+    (tmp_path / "elsewhere" / "runs.db").write_bytes(b"runs")
+    kept = files(tmp_path)
+    for output, shown, reason in [
+        (model / "sub", model / "sub", f"is inside the run directory {trained.dir}, whose files its fit writes"),
+        (old_run, old_run, f"is the run directory {old_run}, whose files its fit writes"),
+        (".", work / "project", "is the working directory"),
+        (str(work), work, f"holds the working directory {work / 'project'}"),
+        ("~", tmp_path / "home", "is the home directory"),
+        (str(tmp_path / "filestore"), tmp_path / "filestore",
+         f"holds the MLflow tracking store {tmp_path / 'filestore' / 'mlruns'}"),
+        (str(tmp_path / "old"), tmp_path / "old", f"holds the run directory {old_run}"),
+        (str(tmp_path / "elsewhere"), tmp_path / "elsewhere",
+         f"holds the MLflow tracking store {tmp_path / 'elsewhere' / 'runs.db'}"),
+    ]:
+        code, err = export_here("--output", str(output), "--overwrite")
+        assert code == 2 and err.splitlines() == [
+            f"error: --output {shown}: {reason}; export never writes there, with or without --overwrite: give a "
+            f"new directory apart from it"], (output, err)
+    assert files(tmp_path) == kept and files(trained.cwd) == before
+
+
 # ---------------------------------------------------------------------------------------------
 # a killed export, file modes
 # ---------------------------------------------------------------------------------------------
@@ -286,3 +330,54 @@ def test_fit_refuses_an_end_export_over_the_runs_own_files_when_it_starts(tmp_pa
     assert str(refused.value) == (f"ExportModel dirpath={place}: {how} {what} {path}, which the export at the end "
                                   f"of fit would overwrite: give a directory apart from it")
     assert trainer.global_step == 0 and files(tmp_path) == before
+
+
+# The export's own process, held once it has set the old --output aside and before it renames the new
+# one into its place: the kill lands between the two renames.
+HELD_BETWEEN_RENAMES = """
+import os
+import sys
+
+rename = os.rename
+
+def rename_and_hold(source, destination, *args, **kwargs):
+    rename(source, destination, *args, **kwargs)
+    if os.path.basename(destination).startswith(".exported.old-"):
+        print("aside", destination, flush=True)
+        sys.stdin.readline()
+
+os.rename = rename_and_hold
+from lit_ppo.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_export_killed_between_its_renames_gets_the_old_output_back_from_the_next(trained, tmp_path, export_here):
+    output = tmp_path / "exported"
+    output.mkdir()
+    (output / "notes.txt").write_text("mine")
+    child = subprocess.Popen(
+        [sys.executable, "-c", HELD_BETWEEN_RENAMES, "export", "--ckpt_path", str(trained.ckpt), "--output",
+         str(output), "--overwrite"], env={**os.environ, "LIT_PPO_CACHE": str(trained.cwd / "cache")},
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline()
+        assert line.startswith("aside "), child.communicate(timeout=60)[1][-3000:]
+        aside = Path(line.split(" ", 1)[1].strip())
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert not output.exists() and aside.name in leftovers(output)  # the moment the kill left
+    # The next export, without --overwrite, finds the user's directory back in place and keeps it.
+    code, err = export_here("--output", str(output))
+    assert code == 2 and err.splitlines() == [
+        f"note: --output {output}: an export was cut short while replacing it; its previous content is back from "
+        f"{aside}",
+        f"error: --output {output}: exists and is not empty (give --overwrite to replace it)"]
+    assert files(output) == {"notes.txt": hashlib.sha256(b"mine").hexdigest()}
+    code, err = export_here("--output", str(output), "--overwrite")
+    assert code == 0, err
+    assert {p.name for p in output.iterdir()} == EXPORT_FILES and leftovers(output) == []

@@ -11,8 +11,10 @@ import torch
 from tests.integration.conftest import run_cli
 
 REWARDS = '''
-def correct(prompts, completions, answer, hint, **columns):
-    """Needs the 'hint' column, which only the train split has."""
+def correct(prompts, completions, answer, **columns):
+    """Needs the 'hint' column, which only the train split has (a parameter named hint would be refused
+    before training: the test split could not fill it)."""
+    columns["hint"]  # a KeyError on the test split
     return [float(c.strip() == a) for c, a in zip(completions, answer)]
 '''
 
@@ -29,7 +31,7 @@ def test_a_reward_that_fails_on_the_test_split_keeps_the_finished_run(tmp_path):
                     "data.task_kwargs.reward_fns=[my_rewards.correct]"], tmp_path, env={"PYTHONPATH": str(tmp_path)})
     assert done.returncode == 1, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "raised TypeError" in errors[0] and "'hint'" in errors[0], done.stderr[-3000:]
+    assert len(errors) == 1 and "raised KeyError" in errors[0] and "'hint'" in errors[0], done.stderr[-3000:]
     (ckpt,) = tmp_path.glob("runs/*/*/checkpoints/last.ckpt")
     assert torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"] == 2
     assert f"last.ckpt holds iteration 2 (training finished: export it with python -m lit_ppo export --ckpt_path " \

@@ -219,7 +219,10 @@ def resumed_config(tmp_path: Path, run: dict, uri: str) -> SimpleNamespace:
     """A parsed ``fit`` config resuming from a checkpoint that records ``run``, tracked in ``uri``."""
     import torch
 
-    ckpt = tmp_path / "last.ckpt"
+    # In the run's checkpoints/ where the run directory is there (a checkpoint outside it branches).
+    inside = Path(run["dir"]) / "checkpoints" if Path(run.get("dir") or tmp_path / "none").is_dir() else tmp_path
+    inside.mkdir(exist_ok=True)
+    ckpt = inside / "last.ckpt"
     torch.save({RECORD_KEY: {"algo": "grpo", RUN_KEY: run}}, ckpt)
     logger = {"class_path": "lit_ppo.run.tracking.MLflowRunLogger",
               "init_args": {"tracking_uri": uri, "experiment_name": "lit_ppo", "run_id": None}}
@@ -252,6 +255,7 @@ def test_a_resume_continues_the_recorded_run_only_where_it_still_is(tmp_path, ca
     assert _continued_run(resumed_config(tmp_path, {}, uri)) is None
     assert capsys.readouterr().err == f"note: --ckpt_path {ckpt}: it records no run directory: starting a new run\n"
 
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
     other = client.create_experiment("other")
     elsewhere = client.create_run(other).info.run_id
     assert _continued_run(resumed_config(tmp_path, {**recorded, "mlflow_run_id": elsewhere}, uri)) is None

@@ -75,7 +75,7 @@ def test_own_data_and_reward_function_from_the_working_directory(tmp_path):
         assert call["prompts"] == [prompt, prompt] and all(isinstance(c, str) for c in call["completions"])
         assert len(call["completions"]) == 2
         assert call["answer"] == [by_prompt[prompt]["answer"]] * 2 and call["level"] == [by_prompt[prompt]["level"]] * 2
-        assert call["other"] == []
+        assert call["other"] == ["completion_ids", "trainer_state"]
 
 
 def test_custom_task_class_from_the_working_directory(tmp_path):

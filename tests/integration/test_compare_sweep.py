@@ -154,10 +154,10 @@ def test_a_run_id_prefix_names_one_run_or_is_refused_in_one_line(monkeypatch, ca
     assert err.count("\n") == 1 and f"--runs {shared}: the prefix matches {matching} runs (" in err, err
     assert main(["compare", "--runs", "zz"]) == 2  # no run id holds a z
     assert f"--runs zz: no such run in {uri}" in capsys.readouterr().err
-    from lit_ppo.run.compare import _run_by_id
+    from lit_ppo.run.compare import _run_named
 
-    assert _run_by_id(client, unique).info.run_id.startswith(unique)
-    assert _run_by_id(client, unique.upper()).info.run_id.startswith(unique)  # ids are hex: case is no matter
+    assert _run_named(client, unique, None).info.run_id.startswith(unique)
+    assert _run_named(client, unique.upper(), None).info.run_id.startswith(unique)  # ids are hex: case is no matter
 
 
 @pytest.mark.slow

@@ -29,6 +29,8 @@ def test_tensorboard_writes_every_iteration_into_the_run_directory(cli):
     accumulator = EventAccumulator(str(events.parent))
     accumulator.Reload()
     assert [e.step for e in accumulator.Scalars("rollout/reward_mean")] == [1, 2]
+    # The run summary says where the event files are, as a command that opens them.
+    assert f"  tensorboard    tensorboard --logdir {events.parent.relative_to(cli.cwd)}" in result.stdout.splitlines()
 
 
 @pytest.mark.slow
@@ -37,8 +39,10 @@ def test_csv_writes_every_iteration_into_the_run_directory(cli_here):
     cli = cli_here
     result = cli("fit", "logger=csv", *TWO)
     assert result.returncode == 0, result.stderr[-3000:]
-    with open(run_dir(cli.cwd) / "csv" / "version_0" / "metrics.csv", newline="") as f:
+    metrics = run_dir(cli.cwd) / "csv" / "version_0" / "metrics.csv"
+    with open(metrics, newline="") as f:
         rows = [row for row in csv.DictReader(f) if row["rollout/reward_mean"]]
+    assert f"  csv metrics    {metrics.relative_to(cli.cwd)}" in result.stdout.splitlines()
     assert [int(row["step"]) for row in rows] == [1, 2]
     assert all(float(row["rollout/reward_mean"]) >= 0 for row in rows)
 

@@ -61,8 +61,25 @@ def test_the_first_example_runs_as_written(tmp_path):
     assert replay.returncode == 2
     assert replay.stderr.strip().splitlines()[-1] == (
         "error: data.task_kwargs.reward_fns[0]='python:__main__.correct' was a Python object of the process that "
-        "composed the config: give the object again (lit_ppo.compose(..., values={'data.task_kwargs.reward_fns': "
-        "...})) or a dotted path module.function")
+        "composed the config: give the object again (values={'data.task_kwargs.reward_fns': ...} of lit_ppo.compose, "
+        "lit_ppo.validate or lit_ppo.test) or a dotted path module.function")
+    # The summary's command scores the checkpoint as printed, from another process, the objects given again.
+    checkpoint = (directory / "checkpoints" / "last.ckpt").relative_to(tmp_path)
+    given = "{'data.task_kwargs.reward_fns': [correct, <lambda>]}"
+    assert f"  test scores    lit_ppo.validate({str(checkpoint)!r}, values={given})" in lines
+    script = EXAMPLES[0].split("config = lit_ppo.compose(")[0].split("rng = ")[0] + textwrap.dedent(f"""
+        def correct(prompts, completions, answer, **columns):
+            return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+
+        scores = lit_ppo.validate({str(checkpoint)!r}, values={given.replace("<lambda>", "lambda prompts, completions, **columns: [0.0] * len(completions)")})
+        print(scores["eval/accuracy"])
+        """)
+    (tmp_path / "score.py").write_text(script)
+    scored = subprocess.run([sys.executable, "score.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                            env={**__import__("os").environ, "LIT_PPO_CACHE": str(tmp_path / "cache")})
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    assert float(scored.stdout.splitlines()[-1]) == pytest.approx(float(scores[0]))  # example's validate, same model
 
 
 def test_the_readmes_example_runs_in_this_process(tmp_path, monkeypatch):

@@ -64,6 +64,11 @@ def test_an_offline_wandb_run_holds_the_runs_name_params_metrics_and_samples(tmp
     saved = {r.files.files[0].path for r in records if r.WhichOneof("record_type") == "files" and r.files.files}
     assert {"config.yaml", "summary.txt"} <= saved
     assert (offline / "files" / "config.yaml").read_text() == (directory / "config.yaml").read_text()
+    # W&B's own lines stay on stderr: stdout ends with the run summary, which names the W&B run's files.
+    lines = result.stdout.splitlines()
+    assert not any("wandb:" in line or "\x1b[" in line for line in lines), result.stdout[-2000:]
+    assert lines[-1].startswith("  export ")
+    assert f"  wandb run      {offline.relative_to(tmp_path)} (offline: wandb sync uploads it)" in lines
 
 
 def test_wandb_missing_is_one_line(monkeypatch, capsys, tmp_path):

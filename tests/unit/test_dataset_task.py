@@ -178,7 +178,10 @@ def test_extra_columns_reach_the_reward_function(tmp_path):
     task = DatasetTask(train_path=write(tmp_path / "t.jsonl"), reward_fns=[f"{HERE}.recording"])
     p = task.problems("train")[4]
     assert task.reward(p, "8") == 1.0 and task.reward(p, "9") == 0.0
-    assert CALLS[0] == {"prompts": ["4+4="], "completions": ["8"], "answer": ["8"], "level": [1], "source": ["s4"]}
+    state = CALLS[0].pop("trainer_state")
+    assert state.global_step == 0
+    assert CALLS[0] == {"prompts": ["4+4="], "completions": ["8"], "completion_ids": [[]], "answer": ["8"],
+                        "level": [1], "source": ["s4"]}
 
 
 def test_weighted_sum_skips_not_applicable(tmp_path):
@@ -241,8 +244,8 @@ def test_a_wrong_number_of_values_names_the_function(tmp_path):
     ({"test_path": "nope.csv"}, "data.task_kwargs.test_path='nope.csv': no such file or directory"),
     ({"prompt_key": "question"}, "data.task_kwargs.prompt_key='question': {train} has no column 'question'; "
                                  "columns: prompt, answer, level, source"),
-    ({"answer_key": "gold"}, "data.task_kwargs.answer_key='gold': {train} has no column 'gold'; columns: prompt, "
-                             "answer, level, source"),
+    ({"answer_key": "gold"}, "data.task_kwargs.answer_key='gold': {train} has no column 'gold', which the reward "
+                             "'math_verify' compares with; columns: prompt, answer, level, source"),
     ({"prompt_key": "level"}, "data.task_kwargs.prompt_key='level': {train} row 0, column 'level': int is not a "
                               "string or a list of chat messages {{role, content}}"),
     ({"reward_fns": ["no_such_module.fn"]}, "data.task_kwargs.reward_fns[0]='no_such_module.fn' cannot be imported "
@@ -405,8 +408,9 @@ def test_workflow_calls_each_reward_function_once_per_group(tmp_path):
     problems = list(task.problems("train"))[4:6]  # answers "8" and "10"
     batch = wf.run(GroupEngine(), problems)
     assert len(CALLS) == 2
-    assert CALLS[0] == {"prompts": ["4+4="] * 3, "completions": ["7", "8", "9"], "answer": ["8"] * 3,
-                        "level": [1] * 3, "source": ["s4"] * 3}
+    assert CALLS[0].pop("trainer_state").global_step == 0  # the version that sampled them
+    assert CALLS[0] == {"prompts": ["4+4="] * 3, "completions": ["7", "8", "9"], "completion_ids": [[7], [8], [9]],
+                        "answer": ["8"] * 3, "level": [1] * 3, "source": ["s4"] * 3}
     assert batch.rewards.tolist() == [0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
 
 
@@ -420,10 +424,12 @@ def test_a_wrong_number_of_group_rewards_stops_the_run():
         def group_rewards(self, problem, completions):
             return [0.0]
 
+    from lit_ppo.rollout.engine import Completion
     from lit_ppo.rollout.workflows import group_rewards
 
+    completions = [Completion(token_ids=[2], logprobs=[-0.5], stopped=True, version=0)] * 2
     with pytest.raises(RunStopped, match="task 'short' returned 1 rewards for 2 completions"):
-        group_rewards(Short(), Problem(prompt="p", answer=""), ["a", "b"])
+        group_rewards(Short(), Problem(prompt="p", answer=""), completions, ["a", "b"])
 
 
 # ---------------------------------------------------------------- completion tokens

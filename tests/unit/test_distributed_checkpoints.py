@@ -44,10 +44,10 @@ def test_replacing_publishes_the_new_directory_whole_and_drops_the_old(tmp_path)
 
 def test_stale_directories_of_killed_writers_are_removed(tmp_path):
     path = tmp_path / "last.ckpt"
-    for stale in (".last.ckpt.tmp-1234", ".last.ckpt.old-5678", ".other.ckpt.tmp-1"):
+    for stale in ("last.ckpt", ".last.ckpt.tmp-1234", ".last.ckpt.old-5678", ".other.ckpt.tmp-1"):
         (tmp_path / stale).mkdir()
     remove_stale_directories(path)
-    assert sorted(os.listdir(tmp_path)) == [".other.ckpt.tmp-1"]
+    assert sorted(os.listdir(tmp_path)) == [".other.ckpt.tmp-1", "last.ckpt"]
 
 
 @pytest.mark.parametrize("damage, message", [
