@@ -27,22 +27,22 @@ class CompletionSamples(L.Callback):
     as a ``samples`` table to each W&B run.
 
     Args:
-        every_n_steps: log every this many RL iterations (the first one included).
+        every_n_steps: log every this many RL iterations (the first one included); 0 logs none.
         num_samples: rows per log.
     """
 
     def __init__(self, every_n_steps: int = 10, num_samples: int = 8):
-        if every_n_steps < 1 or num_samples < 1:
+        if every_n_steps < 0 or num_samples < 1:
             raise ValueError(f"CompletionSamples(every_n_steps={every_n_steps}, num_samples={num_samples}) is "
-                             "invalid: both must be positive integers")
+                             "invalid: every_n_steps must be >= 0 (0: none) and num_samples positive")
         self.every_n_steps = every_n_steps
         self.num_samples = num_samples
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         rollout = pl_module.last_batch
         iteration = trainer.global_step
-        if (rollout is None or not rollout.completions or (iteration - 1) % self.every_n_steps
-                or not trainer.is_global_zero):
+        if (rollout is None or not rollout.completions or not self.every_n_steps
+                or (iteration - 1) % self.every_n_steps or not trainer.is_global_zero):
             return
         n = min(self.num_samples, rollout.num_rows)
         terms = {name: values[:n].tolist() for name, values in rollout.reward_terms.items()}

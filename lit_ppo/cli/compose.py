@@ -28,6 +28,7 @@ from lit_ppo.cli.presets import (conf_dir, follow_sampling_temperature, given_ta
 from lit_ppo.config import EvalConfig, GenerationConfig, ModelConfig, PPOActorConfig, PPOCriticConfig, type_hints
 from lit_ppo.config.rollout import DATA_KEYS, DATA_SECTIONS
 from lit_ppo.config.checkpoint import CheckpointConfig
+from lit_ppo.config.samples import SamplesConfig
 from lit_ppo.config.keys import ROLLOUT_KEYS, SECTIONS, foreign_key_hint, lightning_path, typed_key
 from lit_ppo.config.scheduler import JobConfig, RayConfig, SlurmConfig, scheduler_config
 from lit_ppo.config.sections import construct
@@ -54,7 +55,8 @@ def _explain_hydra_error(error: Exception, overrides: list[str], typed: list[str
 
 
 _SECTION_TYPES = {"actor": PPOActorConfig, "critic": PPOCriticConfig, "gconfig": GenerationConfig,
-                  "model": ModelConfig, "eval": EvalConfig, "checkpoint": CheckpointConfig}
+                  "model": ModelConfig, "eval": EvalConfig, "checkpoint": CheckpointConfig,
+                 "samples": SamplesConfig}
 """Hydra-side section -> the dataclass that declares its fields (nested sections follow the type hints)."""
 _DATA_TYPES = {key: _SECTION_TYPES[key] for key in DATA_SECTIONS}
 """The data section's keys that are configs of their own -> their dataclass."""
@@ -209,8 +211,10 @@ def compose_run(overrides: list[str]) -> tuple[dict, JobConfig | None]:
         tree = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(_explain_hydra_error(e, overrides, typed)) from None
-    # Checked only: the trainer presets' ModelCheckpoint holds its values (${checkpoint.*}).
+    # Checked only: the trainer presets' ModelCheckpoint and CompletionSamples hold their values
+    # (${checkpoint.*}, ${samples.*}).
     construct(CheckpointConfig, tree.pop("checkpoint", None) or {}, "checkpoint")
+    construct(SamplesConfig, tree.pop("samples", None) or {}, "samples")
     scheduler = scheduler_config(tree.pop("scheduler", None))
     return to_lightning_tree(tree), scheduler
 

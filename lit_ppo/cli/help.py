@@ -59,6 +59,7 @@ DATACLASS_SECTIONS = (
     Section("eval", "config/algo.py", "EvalConfig"),
     Section("model", "config/model.py", "ModelConfig"),
     Section("checkpoint", "config/checkpoint.py", "CheckpointConfig"),
+    Section("samples", "config/samples.py", "SamplesConfig"),
     Section("data", "config/rollout.py", "RolloutConfig", skip=ROLLOUT_KEYS),
     Section("rollout", "config/rollout.py", "RolloutConfig", keys=ROLLOUT_KEYS,
             title="the engine that samples the rollouts (rollout=hf or vllm) and the bounds on its log-probs"),

@@ -66,6 +66,8 @@ FOREIGN_KEYS: dict[str, tuple[str, str, str]] = {
     "save_total_limit": ("TRL", "checkpoint.keep", ""),
     "eval_steps": ("TRL", "trainer.val_check_interval", ""),
     "logging_steps": ("TRL", "trainer.log_every_n_steps", ""),
+    "log_completions": ("TRL", "samples.every_n_iterations", " (0 logs none)"),
+    "num_completions_to_print": ("TRL", "samples.count", ""),
     "report_to": ("TRL", "logger=mlflow", " (or csv, tensorboard, wandb, none)"),
     "run_name": ("TRL", "logger.init_args.run_name", ""),
     "model_name_or_path": ("TRL", "model=DIR", " (a local model directory or a hub id in the local cache)"),

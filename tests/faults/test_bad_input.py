@@ -59,6 +59,12 @@ def error_of(capsys, *args: str) -> str:
     (["checkpoint.keep=-2"], "checkpoint.keep=-2 is invalid: must be a number of checkpoints >= 0, or -1 to keep every one"),
     (["checkpoint.every_n_iterations=0"], "checkpoint.every_n_iterations=0 is invalid: must be a positive integer"),
     (["+checkpoint.kep=1"], "checkpoint.kep is not a key (did you mean checkpoint.keep?)"),
+    (["samples.every_n_iterations=-1"],
+     "samples.every_n_iterations=-1 is invalid: must be a number of iterations >= 0 (0: none)"),
+    (["samples.count=0"], "samples.count=0 is invalid: must be a positive integer"),
+    (["+samples.cont=1"], "samples.cont is not a key (did you mean samples.count?)"),
+    (["num_completions_to_print=4"], "num_completions_to_print is not a key: TRL's num_completions_to_print is "
+                                     "samples.count"),
 ])
 def test_config_errors_are_one_line(capsys, args, expected):
     assert expected in error_of(capsys, *args)
@@ -137,8 +143,8 @@ def test_check_config_is_used_by_run(monkeypatch):
      "(did you mean every_n_train_steps?)"),
     (["trainer.callbacks.0.init_args.every_n_train_steps=abc"],
      "error: trainer.callbacks (ModelCheckpoint) every_n_train_steps=abc is invalid: expected int or null"),
-    (["trainer.callbacks.1.init_args.every_n_steps=0"],
-     "error: trainer.callbacks.1 (CompletionSamples) is invalid: CompletionSamples(every_n_steps=0, num_samples=8)"),
+    (["trainer.callbacks.1.init_args.every_n_steps=-1"],
+     "error: trainer.callbacks.1 (CompletionSamples) is invalid: CompletionSamples(every_n_steps=-1, num_samples=8)"),
     (["trainer.callbacks.0.class_path=no.such.Callback"],
      "error: trainer.callbacks.0.class_path='no.such.Callback' cannot be imported"),
     # malformed overrides

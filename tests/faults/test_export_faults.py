@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ import torch
 
 from lit_ppo.training.checkpoint_io import AtomicCheckpointIO
 from tests.faults.filesystems import limit_file_size, mounted_tmpfs, read_only_directory
-from tests.integration.conftest import FAST, run_cli, run_dir
+from tests.integration.conftest import FAST, reap, run_cli, run_dir, sigkill
 
 pytestmark = pytest.mark.slow
 EXPORT_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
@@ -229,12 +228,9 @@ def test_an_export_killed_while_writing_leaves_its_output_intact_and_the_next_cl
         temp = Path(line.split(" ", 1)[1].strip())
         assert temp.parent == tmp_path and temp.name.startswith(".exported.tmp-")
         assert {p.name for p in temp.iterdir()} == EXPORT_FILES  # the new export, complete but not published
-        child.send_signal(signal.SIGKILL)
-        assert child.wait(timeout=60) == -signal.SIGKILL
+        sigkill(child)
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+        reap(child)
     assert files(output) == {"notes.txt": hashlib.sha256(b"mine").hexdigest()}
     assert leftovers(output) == [temp.name]
     (tmp_path / ".other.tmp-1").mkdir()  # another directory's temporary is not this export's to remove
@@ -364,12 +360,9 @@ def test_an_export_killed_between_its_renames_gets_the_old_output_back_from_the_
         line = child.stdout.readline()
         assert line.startswith("aside "), child.communicate(timeout=60)[1][-3000:]
         aside = Path(line.split(" ", 1)[1].strip())
-        child.send_signal(signal.SIGKILL)
-        assert child.wait(timeout=60) == -signal.SIGKILL
+        sigkill(child)
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+        reap(child)
     assert not output.exists() and aside.name in leftovers(output)  # the moment the kill left
     # The next export, without --overwrite, finds the user's directory back in place and keeps it.
     code, err = export_here("--output", str(output))

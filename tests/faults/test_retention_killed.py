@@ -6,14 +6,13 @@ from until then)."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
-from tests.integration.conftest import run_cli, run_dir
+from tests.integration.conftest import reap, run_cli, run_dir, sigkill
 
 ARGS = ["logger=none", "data.batch_size=2", "gconfig.n_samples=2", "eval.max_problems=0",
         "trainer.enable_progress_bar=false", "checkpoint.every_n_iterations=2", "checkpoint.keep=1"]
@@ -48,12 +47,9 @@ def test_retention_killed_midway_converges_when_it_next_drops_a_checkpoint(tmp_p
         while line and not line.startswith("removing "):
             line = child.stdout.readline()
         assert line.startswith("removing "), child.communicate(timeout=60)[1][-3000:]
-        child.send_signal(signal.SIGKILL)
-        assert child.wait(timeout=60) == -signal.SIGKILL
+        sigkill(child)
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+        reap(child)
     directory = run_dir(tmp_path)
     # Iteration 4 written, iteration 2 not yet removed; last.ckpt still holds iteration 2.
     assert kept(directory) == {"epoch=0-step=2.ckpt": 2, "epoch=0-step=4.ckpt": 4, "last.ckpt": 2}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -34,6 +35,19 @@ def wait_for_text(path: Path, text: str, proc: subprocess.Popen, timeout: float 
         time.sleep(0.1)
     proc.kill()
     raise AssertionError(f"no {text!r} within {timeout} s: {path.read_text()[-3000:] if path.exists() else ''}")
+
+
+def sigkill(child: subprocess.Popen) -> None:
+    """SIGKILL ``child`` and check that it died of it."""
+    child.send_signal(signal.SIGKILL)
+    assert child.wait(timeout=60) == -signal.SIGKILL
+
+
+def reap(child: subprocess.Popen) -> None:
+    """End ``child`` if it still runs (a test that failed before it could stop it) and wait for it."""
+    if child.poll() is None:
+        child.kill()
+        child.wait()
 
 
 def run_dir(cwd: Path) -> Path:

@@ -37,12 +37,13 @@ def test_tensorboard_writes_every_iteration_into_the_run_directory(cli):
 def test_csv_writes_every_iteration_into_the_run_directory(cli_here):
     # In this process (the tensorboard fit above is the real subprocess of this kind).
     cli = cli_here
-    result = cli("fit", "logger=csv", *TWO)
+    result = cli("fit", "logger=csv", "samples.every_n_iterations=0", *TWO)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = run_dir(cli.cwd) / "csv" / "version_0" / "metrics.csv"
     with open(metrics, newline="") as f:
         rows = [row for row in csv.DictReader(f) if row["rollout/reward_mean"]]
     assert f"  csv metrics    {metrics.relative_to(cli.cwd)}" in result.stdout.splitlines()
+    assert not (run_dir(cli.cwd) / "samples.jsonl").exists()  # samples.every_n_iterations=0: none logged
     assert [int(row["step"]) for row in rows] == [1, 2]
     assert all(float(row["rollout/reward_mean"]) >= 0 for row in rows)
 

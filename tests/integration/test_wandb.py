@@ -44,7 +44,7 @@ def read_records(path: Path) -> list:
 def test_an_offline_wandb_run_holds_the_runs_name_params_metrics_and_samples(tmp_path):
     args = [arg for arg in FAST if not arg.startswith("logger=")]
     result = run_cli(["fit", "logger=wandb", "logger.init_args.offline=true", "actor.eps_clip=0.25", *args,
-                      "trainer.callbacks.1.init_args.every_n_steps=1"], tmp_path, timeout=600)
+                      "samples.every_n_iterations=1", "samples.count=3"], tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     directory = run_dir(tmp_path)
     (offline,) = (directory / "wandb").glob("offline-run-*")
@@ -60,7 +60,7 @@ def test_an_offline_wandb_run_holds_the_runs_name_params_metrics_and_samples(tmp
     rewards = [h for h in history if "rollout/reward_mean" in h]
     assert [h["trainer/global_step"] for h in rewards] == ["1", "2"]
     tables = [h for h in history if h.get("samples/_type") == '"table-file"']
-    assert len(tables) == 2 and all(h["samples/nrows"] == "8" for h in tables)  # 8 rows at iterations 1 and 2
+    assert len(tables) == 2 and all(h["samples/nrows"] == "3" for h in tables)  # 3 rows at iterations 1 and 2
     saved = {r.files.files[0].path for r in records if r.WhichOneof("record_type") == "files" and r.files.files}
     assert {"config.yaml", "summary.txt"} <= saved
     assert (offline / "files" / "config.yaml").read_text() == (directory / "config.yaml").read_text()
