@@ -78,6 +78,8 @@ class RunSummary(L.Callback):
         text = "\n".join(["run summary", *(f"  {key:<15}{value}" for key, value in self.lines(trainer))]) + "\n"
         print(text, end="", flush=True)
         path = Path(trainer.default_root_dir) / SUMMARY_FILE
+        if path.exists() and (self._started is None or trainer.global_step == self._first_step):
+            return  # this session trained nothing: the run's summary of its training stays as it was
         path.write_text(text)
         for logger in trainer.loggers:
             if isinstance(logger, MLFlowLogger) and logger.run_id:

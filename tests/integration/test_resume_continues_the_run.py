@@ -72,10 +72,13 @@ def test_a_resume_without_overrides_continues_the_recorded_config_and_applies_a_
                                      f"(the run had 4): ") and refused.stderr.count("\n") == 1, refused.stderr
     assert digest(last) == before
 
-    # At its trainer.max_steps already: nothing trains, and the summary says so.
+    # At its trainer.max_steps already: nothing trains, and the summary says so; the run's files stay.
+    written = {path: digest(path) for path in [last, run_dir / "summary.txt", run_dir / "model" / "model.safetensors"]}
     again = fit(tmp_path, "--ckpt_path", "last")
     assert notes(again) == []
     assert "  iterations     5 of 5 (none trained: trainer.max_steps=5 was reached already)\n" in again.stdout
+    assert {path: digest(path) for path in written} == written
+    assert (run_dir / "summary.txt").read_text().startswith("run summary\n  iterations     5 of 5 (1 in ")
 
 
 @pytest.mark.slow
