@@ -15,8 +15,11 @@ completions of the first test problems by the untrained model and by each run's 
 is the child's maximum resident set size (``os.wait4``). Extra ``key=value`` arguments go to every
 command (for a shorter check: ``trainer.max_steps=2 trainer.val_check_interval=1 eval.max_problems=8``).
 
-Prints one table (accuracy before and after per seed, the gain, s/iteration, wall minutes, peak memory)
-and the samples; draws accuracy and reward against iteration and wall time, one line per seed.
+Prints one table (accuracy before and after per seed, the gain, s/iteration, wall minutes, peak memory),
+where an iteration's time goes (the median seconds of generation, update and weight push, from the run's
+own ``time/*`` metrics, and the samples per second of each: the iteration's completions over its
+generation or update seconds) and the samples; draws accuracy and reward against iteration and wall
+time, one line per seed. MLflow's steps are the iterations as printed (1-based).
 """
 
 from __future__ import annotations
@@ -34,7 +37,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = "recipe=smollm2_word_problems"
-METRICS = ("eval/accuracy", "rollout/reward_mean", "rollout/response_length")
+METRICS = ("eval/accuracy", "rollout/reward_mean", "rollout/response_length", "time/generate_s", "time/train_s",
+           "time/sync_s")
+PHASES = {"generate": "time/generate_s", "update": "time/train_s", "weight push": "time/sync_s"}
+"""Where an iteration's seconds go: the phase -> its metric (lit_ppo.training.metrics, callbacks/weight_sync.py)."""
 
 
 def run(subcommand: str, overrides: list[str], workdir: Path, cache: Path) -> dict:
@@ -57,7 +63,9 @@ def run(subcommand: str, overrides: list[str], workdir: Path, cache: Path) -> di
 
 
 def read_run(workdir: Path) -> dict:
-    """The one MLflow run of ``workdir``: {metric: [(step, minutes since start, value)]} and its samples."""
+    """The one MLflow run of ``workdir``: {metric: [(iteration, minutes since start, value)]}, the completions
+    of an iteration (prompts x samples per prompt, from its params) and its first and last logged samples
+    (``{"iteration": k, "rows": [{column: value}]}``)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
@@ -66,12 +74,15 @@ def read_run(workdir: Path) -> dict:
     metrics = {key: [(m.step, (m.timestamp - start) / 60e3, m.value)
                      for m in sorted(client.get_metric_history(run_.info.run_id, key), key=lambda m: m.step)]
                for key in METRICS}
+    params = run_.data.params
     samples = sorted(a.path for a in client.list_artifacts(run_.info.run_id, "samples"))
     picked = {}
     for path in (samples[:1] + samples[-1:]) if samples else []:
-        local = client.download_artifacts(run_.info.run_id, path, str(workdir))
-        picked[path] = json.loads(Path(local).read_text())
-    return {"metrics": metrics, "samples": picked}
+        table = json.loads(Path(client.download_artifacts(run_.info.run_id, path, str(workdir))).read_text())
+        rows = [dict(zip(table["columns"], values)) for values in table["data"]]
+        picked[path] = {"iteration": rows[0]["iteration"] if rows else None, "rows": rows}
+    return {"metrics": metrics, "samples": picked,
+            "completions": int(params["data.batch_size"]) * int(params["gconfig.n_samples"])}
 
 
 def greedy_answers(model_dir: Path, count: int = 4) -> list[dict]:
@@ -105,12 +116,12 @@ def plot(results: dict, baseline: float, output: Path) -> None:
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharey="row")
     for seed, result in results.items():
         m = result["metrics"]
-        # The metrics of iteration k (its evaluation too) are logged at step k - 1; the untrained
-        # baseline is at 0. x is the iteration or the minutes since the run started.
+        # The metrics of iteration k (its evaluation too) are logged at step k; the untrained baseline is
+        # at 0. x is the iteration or the minutes since the run started.
         acc, reward = m["eval/accuracy"], m["rollout/reward_mean"]
-        axes[0][0].plot([0] + [p[0] + 1 for p in acc], [baseline] + [p[2] for p in acc], marker="o", label=f"seed {seed}")
+        axes[0][0].plot([0] + [p[0] for p in acc], [baseline] + [p[2] for p in acc], marker="o", label=f"seed {seed}")
         axes[0][1].plot([0] + [p[1] for p in acc], [baseline] + [p[2] for p in acc], marker="o", label=f"seed {seed}")
-        axes[1][0].plot([p[0] + 1 for p in reward], [p[2] for p in reward], label=f"seed {seed}")
+        axes[1][0].plot([p[0] for p in reward], [p[2] for p in reward], label=f"seed {seed}")
         axes[1][1].plot([p[1] for p in reward], [p[2] for p in reward], label=f"seed {seed}")
     axes[0][0].set_ylabel("eval/accuracy (greedy, 128 test problems)")
     axes[1][0].set_ylabel("rollout/reward_mean (training batch)")
@@ -156,7 +167,7 @@ def main() -> None:
             results[seed] = {**read_run(workdir), **cost, "greedy": {"before": before,
                                                                      "after": greedy_answers(model_dir)}}
             acc = results[seed]["metrics"]["eval/accuracy"]
-            print(f"seed {seed}: eval/accuracy {baseline:.3f} -> {acc[-1][2]:.3f} after {acc[-1][0] + 1} iterations "
+            print(f"seed {seed}: eval/accuracy {baseline:.3f} -> {acc[-1][2]:.3f} after {acc[-1][0]} iterations "
                   f"({cost['wall_s'] / 60:.1f} min)", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"baseline": baseline, "runs": results}, indent=1))
@@ -169,18 +180,27 @@ def report(results: dict, baseline: float, output: Path) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for seed, r in results.items():
         acc, reward = r["metrics"]["eval/accuracy"], r["metrics"]["rollout/reward_mean"]
-        steps = reward[-1][0] + 1
         per_iteration = statistics.median(60 * (b[1] - a[1]) for a, b in zip(reward, reward[1:]))
-        print(f"| {seed} | {baseline:.3f} | {acc[-1][2]:.3f} | {acc[-1][2] - baseline:+.3f} | {steps} | "
+        print(f"| {seed} | {baseline:.3f} | {acc[-1][2]:.3f} | {acc[-1][2] - baseline:+.3f} | {reward[-1][0]} | "
               f"{per_iteration:.0f} | {r['wall_s'] / 60:.1f} | {r['peak_rss_gib']:.1f} GiB |")
+    print("\nWhere an iteration's time goes (medians over its iterations; samples/s: its completions per second "
+          "of the phase):\n")
+    print("| seed | completions | " + " | ".join(f"{phase} s | {phase} samples/s" for phase in PHASES) + " |")
+    print("|---|---|" + "---|---|" * len(PHASES))
+    for seed, r in results.items():
+        cells = []
+        for metric in PHASES.values():
+            seconds = statistics.median(p[2] for p in r["metrics"][metric])
+            cells += [f"{seconds:.1f}", f"{r['completions'] / seconds:.1f}" if seconds > 0 else "-"]
+        print(f"| {seed} | {r['completions']} | " + " | ".join(cells) + " |")
     for seed, r in results.items():
         for when, rows in r.get("greedy", {}).items():
             print(f"\nseed {seed}, greedy test completions {when} training:")
             for row in rows:
                 print(f"  {'right' if row['correct'] else 'wrong'} ({row['answer']}): {row['completion'].strip()[:300]!r}")
         for path, logged in r["samples"].items():
-            print(f"\nseed {seed}, {path} (iteration {logged['step'] + 1}):")
-            for row in logged["samples"][:3]:
+            print(f"\nseed {seed}, {path} (iteration {logged['iteration']}):")
+            for row in logged["rows"][:3]:
                 print(f"  reward {row['reward']:.0f}: {row['completion'].strip()[:300]!r}")
     output.parent.mkdir(parents=True, exist_ok=True)
     plot(results, baseline, output)

@@ -152,3 +152,36 @@ def test_the_readme_has_the_commands_the_tests_rely_on():
     assert any("--print_config > run.yaml" in c for c in COMMANDS)
     assert any("--config run.yaml" in c for c in COMMANDS)
     assert COMMANDS.index(next(c for c in COMMANDS if "--ckpt_path" in c)) > 0
+
+
+@pytest.mark.slow
+def test_the_recipe_script_measures_any_seed_and_says_where_the_time_goes(tmp_path, smollm2_cache):
+    """scripts/recipe_smollm2_word_problems.py, the source of docs/recipes.md's numbers, at the smallest scale:
+    the untrained score, a fit per seed, its table, the time of each phase and the figure."""
+    import json
+    import subprocess
+    import sys
+
+    cache = with_smollm2(smollm2_cache, tmp_path / "cache")
+    small = ["trainer.max_steps=2", "trainer.val_check_interval=1", "data.batch_size=2", "gconfig.n_samples=2",
+             "gconfig.max_new_tokens=8", "eval.max_problems=2", "rollout=hf"]
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "recipe_smollm2_word_problems.py"), "--seeds", "3",
+                             "--cache", str(cache), "--output", str(tmp_path / "recipe.png"), "--json",
+                             str(tmp_path / "recipe.json"), *small], capture_output=True, text=True, timeout=900,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = json.loads((tmp_path / "recipe.json").read_text())
+    run = saved["runs"]["3"]
+    accuracy = run["metrics"]["eval/accuracy"]
+    assert [step for step, _, _ in accuracy] == [1, 2]  # evaluated after iterations 1 and 2, at their steps
+    assert [step for step, _, _ in run["metrics"]["time/generate_s"]] == [1, 2] and run["completions"] == 4
+    assert [logged["iteration"] for logged in run["samples"].values()] == [1]  # the recipe's samples: iteration 1
+    lines = result.stdout.splitlines()
+    (row,) = [line for line in lines if line.startswith(f"| 3 | {saved['baseline']:.3f} | ")]
+    cells = row.strip("|").split(" | ")
+    assert float(cells[1]) == saved["baseline"] and float(cells[2]) == accuracy[-1][2] and cells[4] == "2"
+    (phases,) = [line for line in lines if line.startswith("| 3 | 4 | ")]
+    generate_s = sorted(value for _, _, value in run["metrics"]["time/generate_s"])
+    generate_cells = phases.strip("|").split(" | ")[2:4]
+    assert generate_cells == [f"{sum(generate_s) / 2:.1f}", f"{4 / (sum(generate_s) / 2):.1f}"]  # median of two
+    assert (tmp_path / "recipe.png").stat().st_size > 10_000
