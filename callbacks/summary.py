@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 from lit_ppo.callbacks.export import ExportModel
 from lit_ppo.callbacks.graceful_stop import last_checkpoint_path
 from lit_ppo.config.keys import typed_key
+from lit_ppo.utils.fs import shown_path
 from lit_ppo.utils.imports import object_references, python_source
 
 REWARD = "rollout/reward_mean"
@@ -21,12 +21,6 @@ REWARD_TERMS = "rollout/rewards/"
 """Each reward function's mean (``rollout/rewards/<name>/mean``), for a task that sums several."""
 SUMMARY_FILE = "summary.txt"
 """The summary's file in the run directory (``trainer.default_root_dir``) and in each tracked run."""
-
-
-def _shown(path: str | os.PathLike) -> str:
-    """``path`` relative to the working directory when it lies inside it (shorter to copy), else absolute."""
-    absolute = Path(path).absolute()
-    return str(absolute.relative_to(Path.cwd())) if absolute.is_relative_to(Path.cwd()) else str(absolute)
 
 
 def _duration(seconds: float) -> str:
@@ -108,25 +102,25 @@ class RunSummary(L.Callback):
             step, scores = self._eval
             shown = ", ".join(f"{key.removeprefix('eval/')} {value:.3g}" for key, value in scores.items())
             rows.append(("eval", f"{shown} (iteration {step})"))
-        rows.append(("run directory", _shown(trainer.default_root_dir)))
+        rows.append(("run directory", shown_path(trainer.default_root_dir)))
         checkpoint = last_checkpoint_path(trainer)
         if checkpoint.exists():
-            rows.append(("checkpoint", _shown(checkpoint)))
+            rows.append(("checkpoint", shown_path(checkpoint)))
         for callback in trainer.callbacks:
             if isinstance(callback, ExportModel) and (callback.output_dir(trainer) / "config.json").is_file():
-                rows.append(("model", f"{_shown(callback.output_dir(trainer))} (a Hugging Face model directory)"))
+                rows.append(("model", f"{shown_path(callback.output_dir(trainer))} (a Hugging Face model directory)"))
         for logger in trainer.loggers:
             if isinstance(logger, MLFlowLogger) and logger.run_id:
                 experiment = logger.experiment.get_experiment(logger.experiment_id)  # None: the store failed
                 named = f" (experiment {experiment.name})" if experiment is not None else ""
                 rows.append(("mlflow run", f"{logger.run_id} in {logger.experiment.tracking_uri}{named}"))
             elif isinstance(logger, CSVLogger):
-                rows.append(("csv metrics", _shown(logger.experiment.metrics_file_path)))
+                rows.append(("csv metrics", shown_path(logger.experiment.metrics_file_path)))
             elif isinstance(logger, TensorBoardLogger):
-                rows.append(("tensorboard", f"tensorboard --logdir {_shown(logger.log_dir)}"))
+                rows.append(("tensorboard", f"tensorboard --logdir {shown_path(logger.log_dir)}"))
             elif isinstance(logger, WandbLogger):
                 run = logger.experiment
-                rows.append(("wandb run", f"{_shown(Path(run.dir).parent)} (offline: wandb sync uploads it)"
+                rows.append(("wandb run", f"{shown_path(Path(run.dir).parent)} (offline: wandb sync uploads it)"
                              if run.offline else run.url))
         if checkpoint.exists():
             rows += _commands(Path(trainer.default_root_dir) / "config.yaml", checkpoint,
@@ -137,7 +131,7 @@ class RunSummary(L.Callback):
 def _commands(config: Path, checkpoint: Path, resume: bool) -> list[tuple[str, str]]:
     """The rows that resume a run stopped early, score its checkpoint and export it: command lines, or the
     Python API's calls for a run whose config holds Python objects (which only the Python API takes again)."""
-    ckpt = _shown(checkpoint)
+    ckpt = shown_path(checkpoint)
     export = ("export", f"python -m lit_ppo export --ckpt_path {ckpt} --output my-policy")
     objects = object_references(yaml.safe_load(config.read_text())) if config.is_file() else {}
     if not objects:

@@ -56,7 +56,7 @@ def _explain_hydra_error(error: Exception, overrides: list[str], typed: list[str
 
 _SECTION_TYPES = {"actor": PPOActorConfig, "critic": PPOCriticConfig, "gconfig": GenerationConfig,
                   "model": ModelConfig, "eval": EvalConfig, "checkpoint": CheckpointConfig,
-                 "samples": SamplesConfig}
+                  "samples": SamplesConfig}
 """Hydra-side section -> the dataclass that declares its fields (nested sections follow the type hints)."""
 _DATA_TYPES = {key: _SECTION_TYPES[key] for key in DATA_SECTIONS}
 """The data section's keys that are configs of their own -> their dataclass."""

@@ -48,7 +48,6 @@ def lock_run_dir(run_dir: str | os.PathLike) -> None:
     _held[key] = fd
 
 
-
 def release_run_locks() -> None:
     """Release every run directory lock this process holds: a process that goes on after its run (the
     Python API's ``fit`` returning to a notebook) must not keep another from resuming it."""

@@ -114,7 +114,6 @@ def recorded_config(ckpt_path: str) -> str | None:
     return None
 
 
-
 FIXED_ON_RESUME = ("seed_everything", "model.algo", "model.model", "data.task", "data.task_kwargs", "data.batch_size",
                    "data.gconfig.n_samples", "data.seed")
 """Keys (and the keys under them) that a resume cannot change: the checkpoint's weights, optimizer state and

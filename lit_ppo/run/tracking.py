@@ -50,7 +50,7 @@ from lit_ppo.run.lock import lock_run_dir
 from lit_ppo.run.mlflow_store import DEFAULT_EXPERIMENT, prepare_store, resolve_experiment, resolve_tracking_uri
 from lit_ppo.run.resume import CONFIG_STATE_KEY, checkpoint_step, recorded_run
 from lit_ppo.training.record import RECORD_KEY, RUN_KEY
-from lit_ppo.utils.fs import write_file_atomically
+from lit_ppo.utils.fs import shown_path, write_file_atomically
 from lit_ppo.utils.imports import is_object_reference
 from lit_ppo.utils.stop_requests import fail_after_iteration
 from lit_ppo.utils.text import first_line
@@ -396,7 +396,7 @@ def _branch(ckpt_path: str, run_dir: str) -> str | None:
     moved file), or the run has gone on past it (an older periodic checkpoint)."""
     checkpoint = Path(ckpt_path).resolve()
     step = checkpoint_step(checkpoint)
-    where = f"--ckpt_path {ckpt_path} branches from iteration {step} of {_shown(Path(run_dir))}"
+    where = f"--ckpt_path {ckpt_path} branches from iteration {step} of {shown_path(Path(run_dir))}"
     if not checkpoint.is_relative_to(Path(run_dir).resolve()):
         return f"{where} (it lies outside that directory)"
     newest = max((_saved_step(path) for path in checkpoint.parent.iterdir()
@@ -433,7 +433,7 @@ def _continued_run(config: Any) -> Path | None:
         missing = f"its run directory {run_dir} is gone"
     elif (branch := _branch(ckpt_path, run_dir)) is not None:
         path = new_run_dir(config)
-        print(f"note: {branch}: new run directory {_shown(path)}", file=sys.stderr, flush=True)
+        print(f"note: {branch}: new run directory {shown_path(path)}", file=sys.stderr, flush=True)
         return path
     elif loggers and run_id and not _get(_get(loggers[0][1], "init_args"), "run_id"):
         cls, spec = loggers[0]
@@ -527,13 +527,8 @@ def start(config: Any) -> Path | None:
     path = path.expanduser().absolute()
     lock_run_dir(path)  # before anything is written into it or its MLflow run
     os.environ[RUN_DIR_ENV] = str(path)
-    print(f"run directory: {_shown(path)}", file=sys.stderr, flush=True)
+    print(f"run directory: {shown_path(path)}", file=sys.stderr, flush=True)
     return path
-
-
-def _shown(path: Path) -> str:
-    """``path`` relative to the working directory when it lies inside it, else as it is."""
-    return os.path.relpath(path) if path.absolute().is_relative_to(Path.cwd()) else str(path)
 
 
 JOB_MARKER = ".job"

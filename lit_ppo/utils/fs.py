@@ -30,6 +30,13 @@ def user_path(path: str | os.PathLike) -> Path:
     return Path(os.path.expanduser(os.fspath(path)))
 
 
+def shown_path(path: str | os.PathLike) -> str:
+    """``path`` as a line shows it: relative to the working directory when it lies inside it (shorter to
+    copy), else absolute."""
+    absolute = Path(path).absolute()
+    return str(absolute.relative_to(Path.cwd())) if absolute.is_relative_to(Path.cwd()) else str(absolute)
+
+
 def existing_path(path: str | os.PathLike, where: str) -> Path:
     """``user_path(path)``, which must be a regular file or a directory: ValueError of one line that starts
     with ``where`` for one that is missing or of another kind (reading a named pipe would wait for a
