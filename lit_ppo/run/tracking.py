@@ -49,6 +49,7 @@ from lit_ppo.errors import ConfigError, TrackingError
 from lit_ppo.run.lock import lock_run_dir
 from lit_ppo.run.mlflow_store import DEFAULT_EXPERIMENT, prepare_store, resolve_experiment, resolve_tracking_uri
 from lit_ppo.run.resume import CONFIG_STATE_KEY, checkpoint_step, recorded_run
+from lit_ppo.training.checkpoint_io import PERIODIC_NAME
 from lit_ppo.training.record import RECORD_KEY, RUN_KEY
 from lit_ppo.utils.fs import shown_path, write_file_atomically
 from lit_ppo.utils.imports import is_object_reference
@@ -407,7 +408,7 @@ def _branch(ckpt_path: str, run_dir: str) -> str | None:
 def _saved_step(path: Path) -> int:
     """The iteration of a checkpoint file of a run: from its name (``epoch=0-step=20.ckpt``), else from
     its content (``last.ckpt``); -1 for one that cannot be read."""
-    named = re.search(r"step=(\d+)", path.name)
+    named = PERIODIC_NAME.match(path.name)
     if named:
         return int(named.group(1))
     try:
