@@ -11,10 +11,11 @@ import math
 
 import pytest
 import torch
+import yaml
 
 from lit_ppo.algos import compute_advantages
 from lit_ppo.cli.compose import compose
-from lit_ppo.cli.presets import group_options
+from lit_ppo.cli.presets import conf_dir, group_options
 from lit_ppo.config import PPOActorConfig
 
 REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
@@ -163,3 +164,31 @@ def test_rejection_group_adds_the_mask_to_any_preset(option, metric):
     cfg = PPOActorConfig(**tree["model"]["actor"])
     assert cfg.use_decoupled_loss and cfg.rejection_sampling.metric == metric
     assert cfg.reward_norm.mean_leave1out  # the preset's own settings are kept
+
+
+def callback_args(tree: dict, class_name: str) -> dict:
+    (args,) = [c["init_args"] for c in tree["trainer"]["callbacks"] if c["class_path"].endswith(class_name)]
+    return args
+
+
+@pytest.mark.parametrize("recipe", [r for r in group_options("recipe") if r != "none"])
+def test_a_recipe_sets_every_section_it_names_and_the_command_line_still_wins(recipe):
+    """conf/config.yaml's own defaults (checkpoint, samples, seed) must not override a recipe's."""
+    def written(name: str, section: str) -> dict:
+        """The section as the recipe's YAML writes it, over the recipes it extends, over conf/config.yaml."""
+        data = yaml.safe_load((conf_dir() / "recipe" / f"{name}.yaml").read_text())
+        parents = [d for d in data.get("defaults", []) if isinstance(d, str) and d != "_self_"]
+        base = written(parents[0], section) if parents else yaml.safe_load(
+            (conf_dir() / "config.yaml").read_text())[section]
+        return {**base, **data.get(section, {})}
+
+    checkpoint, samples = written(recipe, "checkpoint"), written(recipe, "samples")
+    tree = compose([f"recipe={recipe}", "logger=none"])
+    ckpt = callback_args(tree, "ModelCheckpoint")
+    assert (ckpt["every_n_train_steps"], ckpt["save_top_k"]) == (checkpoint["every_n_iterations"], checkpoint["keep"])
+    shown = callback_args(tree, "CompletionSamples")
+    assert (shown["every_n_steps"], shown["num_samples"]) == (samples["every_n_iterations"], samples["count"])
+    tree = compose([f"recipe={recipe}", "logger=none", "checkpoint.keep=5", "samples.count=2", "seed=3"])
+    assert callback_args(tree, "ModelCheckpoint")["save_top_k"] == 5
+    assert callback_args(tree, "CompletionSamples")["num_samples"] == 2
+    assert tree["seed_everything"] == 3 and tree["data"]["seed"] == 3
