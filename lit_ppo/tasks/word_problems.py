@@ -56,7 +56,8 @@ class WordProblemsTask:
     num_train: int = 5000
     """Problems in the 'train' split."""
     num_test: int = 128
-    """Problems in the 'test' split (an RNG stream independent of 'train')."""
+    """Problems in the 'test' split (an RNG stream independent of 'train'; a problem whose text is a
+    'train' problem's, or an earlier 'test' problem's, is skipped: the split is held out)."""
     operators: Sequence[str] = ("+", "-", "*")
     """Operations to draw from, uniformly per problem; a subset of '+', '-', '*'."""
     max_sum_operand: int = 99
@@ -75,8 +76,9 @@ class WordProblemsTask:
         if not self.operators or any(op not in TEMPLATES for op in self.operators):
             raise ValueError(f"operators={self.operators!r} is invalid: must be a non-empty subset of "
                              f"{', '.join(map(repr, TEMPLATES))}")
-        self._splits = {"train": self._generate("train", self.num_train),
-                        "test": self._generate("test", self.num_test)}
+        train = self._generate("train", self.num_train)
+        self._splits = {"train": train,
+                        "test": self._generate("test", self.num_test, exclude={p.prompt for p in train})}
 
     def _operands(self, rng: random.Random, op: str) -> tuple[int, int, int]:
         if op == "*":
@@ -89,14 +91,23 @@ class WordProblemsTask:
         b = rng.randint(2, a - 1)
         return a, b, a - b
 
-    def _generate(self, split: str, n: int) -> tuple[Problem, ...]:
+    def _generate(self, split: str, n: int, exclude: set[str] | None = None) -> tuple[Problem, ...]:
+        """``n`` problems of ``split``'s stream; with ``exclude``, none of those texts and no text twice."""
         rng = random.Random(f"word_problems/{split}/{self.seed}")  # a string seed: one stream per split
         problems = []
-        for _ in range(n):
+        for _ in range(100 * (n + 10)):  # draws: a space too small to hold n new problems ends the loop
+            if len(problems) == n:
+                break
             op = rng.choice(self.operators)
             a, b, answer = self._operands(rng, op)
             text = rng.choice(TEMPLATES[op]).format(name=rng.choice(NAMES), items=rng.choice(ITEMS), a=a, b=b)
-            problems.append(Problem(prompt=text, answer=str(answer)))
+            if exclude is None or text not in exclude:
+                problems.append(Problem(prompt=text, answer=str(answer)))
+                if exclude is not None:
+                    exclude.add(text)
+        if len(problems) < n:
+            raise ValueError(f"num_{split}={n} is invalid: these settings make too few problems that are not "
+                             f"'train' problems; lower it or widen the operands")
         return tuple(problems)
 
     def problems(self, split: str) -> Sequence[Problem]:

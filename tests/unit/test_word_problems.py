@@ -69,3 +69,21 @@ def test_bad_settings_name_the_field(kwargs, message):
     with pytest.raises(ValueError) as error:
         WordProblemsTask(**kwargs)
     assert str(error.value) == message
+
+
+def test_the_test_split_is_held_out_and_keeps_its_first_problems_as_it_grows():
+    small, large = WordProblemsTask(num_test=128), WordProblemsTask(num_test=1024)
+    train = {p.prompt for p in large.problems("train")}
+    test = [p.prompt for p in large.problems("test")]
+    assert not train & set(test) and len(set(test)) == 1024
+    assert large.problems("test")[:128] == small.problems("test")  # the recipe's first scores stay comparable
+    # The unfiltered stream of this seed repeats 11 train problems in its first 1024 (counted by hand once).
+    rng_stream = WordProblemsTask(num_train=0, num_test=1024).problems("test")
+    assert sum(p.prompt in train for p in rng_stream) == 11
+
+
+def test_a_problem_space_too_small_for_a_held_out_split_is_one_line():
+    with pytest.raises(ValueError) as error:
+        WordProblemsTask(operators=["*"], max_product_operand=3, num_train=5000, num_test=5000)
+    assert str(error.value) == ("num_test=5000 is invalid: these settings make too few problems that are not 'train' "
+                                "problems; lower it or widen the operands")
