@@ -1,8 +1,9 @@
 """Reproduce the recipe ``recipe=smollm2_word_problems`` (docs/recipes.md): the untrained model's greedy
 test accuracy, the recipe's fit for each seed, the figure and the numbers of the docs.
 
-    python scripts/recipe_smollm2_word_problems.py                    # seeds 0 and 1 (~70 min, 2 cores)
+    python scripts/recipe_smollm2_word_problems.py                    # seeds 0-4 (~85 min, 2 cores)
     python scripts/recipe_smollm2_word_problems.py --seeds 0 [--output FIGURE.png] [--json out.json] [key=value ...]
+    python scripts/recipe_smollm2_word_problems.py --from-json a.json [b.json ...] [--json merged.json]
 
 Every command is the recipe's own, ``python -m lit_ppo <validate|fit> recipe=smollm2_word_problems seed=S
 [key=value ...]``, run as a subprocess in a temporary directory with its own MLflow store, one at a time:
@@ -15,11 +16,12 @@ completions of the first test problems by the untrained model and by each run's 
 is the child's maximum resident set size (``os.wait4``). Extra ``key=value`` arguments go to every
 command (for a shorter check: ``trainer.max_steps=2 trainer.val_check_interval=1 eval.max_problems=8``).
 
-Prints one table (accuracy before and after per seed, the gain, s/iteration, wall minutes, peak memory),
-where an iteration's time goes (the median seconds of generation, update and weight push, from the run's
-own ``time/*`` metrics, and the samples per second of each: the iteration's completions over its
-generation or update seconds) and the samples; draws accuracy and reward against iteration and wall
-time, one line per seed. MLflow's steps are the iterations as printed (1-based).
+Prints one table (per seed: the untrained accuracy, the accuracy at every evaluation, the gain, s/iteration,
+wall minutes, peak memory; then the mean and smallest gain), where an iteration's time goes (the median
+seconds of generation, update and weight push, from the run's own ``time/*`` metrics, and the completions
+per second of each: those generated, every group the dynamic filter tried, and those trained on, the
+accepted groups' ``rollout/accepted``) and the samples; draws accuracy and reward against iteration and
+wall time, one line per seed. MLflow's steps are the iterations as printed (1-based).
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = "recipe=smollm2_word_problems"
 METRICS = ("eval/accuracy", "rollout/reward_mean", "rollout/response_length", "time/generate_s", "time/train_s",
-           "time/sync_s")
-PHASES = {"generate": "time/generate_s", "update": "time/train_s", "weight push": "time/sync_s"}
-"""Where an iteration's seconds go: the phase -> its metric (lit_ppo.training.metrics, callbacks/weight_sync.py)."""
+           "time/sync_s", "rollout/accepted", "rollout/rejected", "rollout/invalid_rewards")
+GROUPS_TRIED = ("rollout/accepted", "rollout/rejected", "rollout/invalid_rewards")
+"""An iteration's prompt groups: generated = all three, trained = the accepted ones (lit_ppo.rollout.collector)."""
 
 
 def run(subcommand: str, overrides: list[str], workdir: Path, cache: Path) -> dict:
@@ -81,8 +83,8 @@ def read_run(workdir: Path) -> dict:
         table = json.loads(Path(client.download_artifacts(run_.info.run_id, path, str(workdir))).read_text())
         rows = [dict(zip(table["columns"], values)) for values in table["data"]]
         picked[path] = {"iteration": rows[0]["iteration"] if rows else None, "rows": rows}
-    return {"metrics": metrics, "samples": picked,
-            "completions": int(params["data.batch_size"]) * int(params["gconfig.n_samples"])}
+    return {"metrics": metrics, "samples": picked, "n_samples": int(params["gconfig.n_samples"]),
+            "eval_problems": int(params["eval.max_problems"])}
 
 
 def greedy_answers(model_dir: Path, count: int = 4) -> list[dict]:
@@ -123,8 +125,9 @@ def plot(results: dict, baseline: float, output: Path) -> None:
         axes[0][1].plot([0] + [p[1] for p in acc], [baseline] + [p[2] for p in acc], marker="o", label=f"seed {seed}")
         axes[1][0].plot([p[0] for p in reward], [p[2] for p in reward], label=f"seed {seed}")
         axes[1][1].plot([p[1] for p in reward], [p[2] for p in reward], label=f"seed {seed}")
-    axes[0][0].set_ylabel("eval/accuracy (greedy, 128 test problems)")
-    axes[1][0].set_ylabel("rollout/reward_mean (training batch)")
+    problems = next(iter(results.values()))["eval_problems"]
+    axes[0][0].set_ylabel(f"eval/accuracy (greedy, {problems} held-out problems)")
+    axes[1][0].set_ylabel("rollout/reward_mean (trained groups)")
     axes[1][0].set_xlabel("iteration")
     axes[1][1].set_xlabel("minutes (2-core CPU)")
     for ax in axes.flat:
@@ -137,15 +140,23 @@ def plot(results: dict, baseline: float, output: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "recipe-smollm2-word-problems.png")
     parser.add_argument("--json", type=Path, help="write every number and sample here")
     parser.add_argument("--cache", type=Path, help="LIT_PPO_CACHE for the children (default: lit_ppo's own)")
-    parser.add_argument("--from-json", type=Path, help="report and draw the numbers a --json run wrote, running nothing")
+    parser.add_argument("--from-json", type=Path, nargs="+",
+                        help="report and draw the numbers that --json runs wrote (of the same untrained score), "
+                             "running nothing")
     args, overrides = parser.parse_known_args()
     if args.from_json:
-        saved = json.loads(args.from_json.read_text())
-        report({int(seed): r for seed, r in saved["runs"].items()}, saved["baseline"], args.output)
+        saved = [json.loads(path.read_text()) for path in args.from_json]
+        if len({s["baseline"] for s in saved}) > 1:
+            sys.exit(f"error: --from-json: the files score the untrained model differently "
+                     f"({', '.join(str(s['baseline']) for s in saved)}): they are of different settings")
+        runs = dict(sorted((int(seed), r) for s in saved for seed, r in s["runs"].items()))
+        if args.json:  # the files' runs as one
+            args.json.write_text(json.dumps({"baseline": saved[0]["baseline"], "runs": runs}, indent=1))
+        report(runs, saved[0]["baseline"], args.output)
         return
     cache = args.cache or Path(os.environ.get("LIT_PPO_CACHE", Path.home() / ".cache" / "lit_ppo"))
     with tempfile.TemporaryDirectory(prefix="recipe_") as tmp:
@@ -174,25 +185,44 @@ def main() -> None:
     report(results, baseline, args.output)
 
 
+def completions_per_iteration(run_: dict) -> tuple[float, float]:
+    """The median completions an iteration of ``run_`` generated and trained on."""
+    per_step: dict[int, list[float]] = {}
+    for metric in GROUPS_TRIED:
+        for step, _, value in run_["metrics"][metric]:
+            per_step.setdefault(step, [0.0] * len(GROUPS_TRIED))[GROUPS_TRIED.index(metric)] = value
+    n = run_["n_samples"]
+    return (statistics.median(n * sum(groups) for groups in per_step.values()),
+            statistics.median(n * groups[0] for groups in per_step.values()))
+
+
 def report(results: dict, baseline: float, output: Path) -> None:
-    """The table, the samples and the figure of ``results`` (seed -> run) against the untrained ``baseline``."""
-    print("\n| seed | accuracy before | after | gain | iterations | s/iteration | minutes | peak memory |")
+    """The tables, the samples and the figure of ``results`` (seed -> run) against the untrained ``baseline``."""
+    evaluated = sorted({step for r in results.values() for step, _, _ in r["metrics"]["eval/accuracy"]})
+    print("\n| seed | untrained | " + " | ".join(f"iteration {step}" for step in evaluated)
+          + " | gain | s/iteration | whole command | peak memory |")
+    print("|---|---|" + "---|" * len(evaluated) + "---|---|---|---|")
+    gains = {}
+    for seed, r in results.items():
+        acc, reward = dict((p[0], p[2]) for p in r["metrics"]["eval/accuracy"]), r["metrics"]["rollout/reward_mean"]
+        gains[seed] = acc[max(acc)] - baseline
+        per_iteration = statistics.median(60 * (b[1] - a[1]) for a, b in zip(reward, reward[1:]))
+        curve = " | ".join(f"{acc[step]:.3f}" if step in acc else "-" for step in evaluated)
+        print(f"| {seed} | {baseline:.3f} | {curve} | {gains[seed]:+.3f} | {per_iteration:.0f} | "
+              f"{r['wall_s'] / 60:.1f} min | {r['peak_rss_gib']:.1f} GiB |")
+    print(f"\n{len(gains)} seeds: mean gain {statistics.mean(gains.values()):+.3f}, smallest "
+          f"{min(gains.values()):+.3f} (seed {min(gains, key=gains.get)}), on {next(iter(results.values()))['eval_problems']} "
+          "held-out problems, greedy")
+    print("\nWhere an iteration's time goes (medians over its iterations; completions/s: the completions the phase "
+          "generated or trained on, per second):\n")
+    print("| seed | generated | generate s | generated/s | trained | update s | trained/s | weight push s |")
     print("|---|---|---|---|---|---|---|---|")
     for seed, r in results.items():
-        acc, reward = r["metrics"]["eval/accuracy"], r["metrics"]["rollout/reward_mean"]
-        per_iteration = statistics.median(60 * (b[1] - a[1]) for a, b in zip(reward, reward[1:]))
-        print(f"| {seed} | {baseline:.3f} | {acc[-1][2]:.3f} | {acc[-1][2] - baseline:+.3f} | {reward[-1][0]} | "
-              f"{per_iteration:.0f} | {r['wall_s'] / 60:.1f} | {r['peak_rss_gib']:.1f} GiB |")
-    print("\nWhere an iteration's time goes (medians over its iterations; samples/s: its completions per second "
-          "of the phase):\n")
-    print("| seed | completions | " + " | ".join(f"{phase} s | {phase} samples/s" for phase in PHASES) + " |")
-    print("|---|---|" + "---|---|" * len(PHASES))
-    for seed, r in results.items():
-        cells = []
-        for metric in PHASES.values():
-            seconds = statistics.median(p[2] for p in r["metrics"][metric])
-            cells += [f"{seconds:.1f}", f"{r['completions'] / seconds:.1f}" if seconds > 0 else "-"]
-        print(f"| {seed} | {r['completions']} | " + " | ".join(cells) + " |")
+        generated, trained = completions_per_iteration(r)
+        generate_s, update_s, push_s = (statistics.median(p[2] for p in r["metrics"][m])
+                                        for m in ("time/generate_s", "time/train_s", "time/sync_s"))
+        print(f"| {seed} | {generated:.0f} | {generate_s:.1f} | {generated / generate_s:.1f} | {trained:.0f} | "
+              f"{update_s:.1f} | {trained / update_s:.1f} | {push_s:.1f} |")
     for seed, r in results.items():
         for when, rows in r.get("greedy", {}).items():
             print(f"\nseed {seed}, greedy test completions {when} training:")

@@ -192,3 +192,24 @@ def test_a_recipe_sets_every_section_it_names_and_the_command_line_still_wins(re
     assert callback_args(tree, "ModelCheckpoint")["save_top_k"] == 5
     assert callback_args(tree, "CompletionSamples")["num_samples"] == 2
     assert tree["seed_everything"] == 3 and tree["data"]["seed"] == 3
+
+
+def test_groups_without_signal_get_a_positive_advantage_under_batch_normalisation():
+    """docs/algorithms.md#dynamic-sampling-and-dynamic-batch-size: one group of a right answer (40 tokens) and
+    seven wrong ones (90), beside three all-wrong groups (90 tokens each). The expected values are the two
+    z-scores written out here: group (unbiased std), then token-weighted batch."""
+    lengths, rewards = [40] + [90] * 31, [1.0] + [0.0] * 31
+    group = [(r - 1 / 8) / (math.sqrt((7 / 8) ** 2 / 7 + 7 * (1 / 8) ** 2 / 7) + 1e-5) if i < 8 else 0.0
+             for i, r in enumerate(rewards)]
+    tokens = [a for a, n in zip(group, lengths) for _ in range(n)]
+    mu = mean(tokens)
+    sd = std_unbiased(tokens, mu)
+    expected = [(a - mu) / (sd + 1e-5) for a in group]
+    mask = torch.zeros(32, 96, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        mask[b, :n] = True
+    cfg = PPOActorConfig(**compose(["algo=grpo", "logger=none"])["model"]["actor"])
+    adv = compute_advantages(torch.tensor(rewards), mask, cfg, group_sizes=[8] * 4).advantages
+    assert [round(float(adv[b, 0]), 2) for b in (0, 1, 8)] == [7.51, -0.92, 0.13]
+    torch.testing.assert_close(adv[:, 0], torch.tensor(expected, dtype=torch.float32), atol=1e-4, rtol=1e-4)
+    assert round(float(adv[0].sum())) == 300 and round(float(adv[8:].sum())) == 282
