@@ -152,9 +152,14 @@ def test_a_keyboard_interrupt_raised_by_a_reward_names_it(tmp_path):
         signal.signal(signal.SIGINT, previous)
     assert str(e.value).startswith(f"reward function '{HERE}.interrupts' raised KeyboardInterrupt for prompt "
                                    f"[{{'role': 'system'")
-    # Under Python's own SIGINT handler it may be a real Ctrl-C: it goes on as one.
-    with pytest.raises(KeyboardInterrupt):
-        task.score_group(problem, ["x"], [[1]], step=0)
+    # Under Python's own SIGINT handler it may be a real Ctrl-C: it goes on as one. The handler is set here:
+    # an earlier test in this worker may have left another one.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            task.score_group(problem, ["x"], [[1]], step=0)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_the_answer_column_is_needed_only_by_the_builtins_that_compare_with_it(tmp_path):
