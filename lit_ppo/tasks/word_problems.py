@@ -94,6 +94,7 @@ class WordProblemsTask:
     def _generate(self, split: str, n: int, exclude: set[str] | None = None) -> tuple[Problem, ...]:
         """``n`` problems of ``split``'s stream; with ``exclude``, none of those texts and no text twice."""
         rng = random.Random(f"word_problems/{split}/{self.seed}")  # a string seed: one stream per split
+        seen = None if exclude is None else set(exclude)
         problems = []
         for _ in range(100 * (n + 10)):  # draws: a space too small to hold n new problems ends the loop
             if len(problems) == n:
@@ -101,10 +102,10 @@ class WordProblemsTask:
             op = rng.choice(self.operators)
             a, b, answer = self._operands(rng, op)
             text = rng.choice(TEMPLATES[op]).format(name=rng.choice(NAMES), items=rng.choice(ITEMS), a=a, b=b)
-            if exclude is None or text not in exclude:
+            if seen is None or text not in seen:
                 problems.append(Problem(prompt=text, answer=str(answer)))
-                if exclude is not None:
-                    exclude.add(text)
+                if seen is not None:
+                    seen.add(text)
         if len(problems) < n:
             raise ValueError(f"num_{split}={n} is invalid: these settings make too few problems that are not "
                              f"'train' problems; lower it or widen the operands")
