@@ -73,10 +73,15 @@ class Packing:
     positions: torch.Tensor
     n_bins: int
     width: int
+    attention: torch.Tensor | None = None
+    """Bool ``[n_bins, 1, width, width]`` (query slot, key slot): which slots each slot attends to,
+    for layouts in which rows share slots (``plan_prefix_tree``); None: position ids restarting at 0
+    mark the sequences (block-diagonal causal attention)."""
 
     def pack(self, input_ids: torch.Tensor, fill: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """``(packed input ids, position ids)``, both ``[n_bins, width]``. A bin's leftover holds
-        ``fill`` tokens at position 0: each one a sequence of its own, attending only to itself."""
+        ``fill`` tokens at position 0: each one a sequence of its own, attending only to itself. A
+        shared slot is written once per row that reads it, with the same token and position."""
         ids = input_ids.new_full((self.n_bins, self.width), fill)
         ids[self.bins, self.slots] = input_ids[self.rows, self.cols]
         position_ids = torch.zeros_like(ids)
@@ -112,6 +117,100 @@ def plan_packing(mask: torch.Tensor, capacity: int | None = None) -> Packing:
     return Packing(rows, cols, token_bins, slots, positions, len(bins), capacity)
 
 
+PREFIX_TREE_WIDTH = 1024
+"""Most slots of a prefix-tree bin (or the longest row, if longer): attention over a bin costs its
+width squared, so rows sharing a prompt fill bins of at most this width (``plan_prefix_tree``)."""
+
+
+def _common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Length of the longest common prefix of the 1-D token tensors ``a`` and ``b``."""
+    n = min(len(a), len(b))
+    differ = (a[:n] != b[:n]).nonzero()
+    return int(differ[0]) if len(differ) else n
+
+
+def plan_prefix_tree(input_ids: torch.Tensor, mask: torch.Tensor, width: int | None = None) -> Packing | None:
+    """The ``Packing`` of the real tokens (``mask`` True, ``[B, T]``) with each prefix common to several
+    rows computed once, or None when no two rows share one.
+
+    Rows sorted by their tokens form a prefix tree: row k reuses the slots of its predecessor's first
+    ``lcp(k - 1, k)`` tokens (the longest common prefix) and adds slots for the rest, so a group's
+    prompt (and a system prompt common to all, and identical answers) takes slots once. Consecutive
+    sorted rows fill trees of at most ``width`` slots (default ``max(PREFIX_TREE_WIDTH, longest row)``),
+    packed first-fit-decreasing into bins as wide as the widest. A slot attends to the slots of its
+    row's own earlier tokens (``attention``), whatever rows reuse it, so every row's hidden states
+    are those of the row alone; position ids count each row's real tokens, as ``plan_packing``'s."""
+    mask = mask.bool()
+    lengths = mask.sum(-1).tolist()
+    if width is None:
+        width = max(PREFIX_TREE_WIDTH, max(lengths, default=0))
+    tokens = [input_ids[r][mask[r]] for r in range(len(lengths))]
+    order = sorted((r for r in range(len(lengths)) if lengths[r]), key=lambda r: tokens[r].tolist())
+    if len(order) < 2:
+        return None
+    # Trees of consecutive sorted rows: a row joins its predecessor's tree if its new slots fit.
+    trees: list[list[int]] = []
+    shared: dict[int, int] = {}  # row -> tokens it reuses from its predecessor in the tree
+    sizes: list[int] = []
+    for prev, row in zip([None, *order], order):
+        common = _common_prefix(tokens[prev], tokens[row]) if prev is not None else 0
+        if trees and sizes[-1] + lengths[row] - common <= width:
+            trees[-1].append(row)
+            shared[row] = common
+            sizes[-1] += lengths[row] - common
+        else:
+            trees.append([row])
+            shared[row] = 0
+            sizes.append(lengths[row])
+    if sum(sizes) == sum(lengths):
+        return None
+    bins = first_fit_decreasing(sizes, max(sizes))
+    n_bins, bin_width = len(bins), max(sizes)
+    slots_of: dict[int, torch.Tensor] = {}  # row -> the slot of each of its real tokens
+    bin_of: dict[int, int] = {}
+    attention = torch.zeros(n_bins, bin_width, bin_width, dtype=torch.bool)
+    for b, members in enumerate(bins):
+        start = 0
+        for tree in members:
+            path = torch.zeros(0, dtype=torch.long)
+            for row in trees[tree]:
+                own = torch.arange(start, start + lengths[row] - shared[row])
+                start += len(own)
+                path = torch.cat([path[:shared[row]], own])
+                slots_of[row], bin_of[row] = path, b
+                # The row's own slots see its path up to themselves (causal within the row).
+                causal = torch.ones(lengths[row], lengths[row], dtype=torch.bool).tril()[shared[row]:]
+                attention[b, own.unsqueeze(1), path.unsqueeze(0)] = causal
+        leftover = torch.arange(start, bin_width)
+        attention[b, leftover, leftover] = True  # fill tokens attend to themselves only
+    rows, cols = mask.nonzero(as_tuple=True)
+    positions = (mask.long().cumsum(-1) - 1)[rows, cols]
+    device = mask.device
+    token_bins = torch.tensor([bin_of[r] for r in rows.tolist()], dtype=torch.long, device=device)
+    slots = torch.cat([slots_of[r] for r in range(len(lengths)) if lengths[r]]).to(device) if len(rows) else positions
+    return Packing(rows, cols, token_bins, slots, positions, n_bins, bin_width, attention.unsqueeze(1).to(device))
+
+
+def forward_cost(plan: Packing, hidden_size: int, layer_params: int) -> int:
+    """Multiply-adds of one decoder layer's forward over ``plan``'s bins: its ``layer_params`` weights
+    on every slot, and attention (scores and their weighted sum, ``hidden_size`` wide) over each bin's
+    width squared, which a masked kernel computes whole. The backward pass scales both alike."""
+    return plan.n_bins * plan.width * (layer_params + 2 * plan.width * hidden_size)
+
+
+_LAYER_PARAMS: "weakref.WeakKeyDictionary[torch.nn.Module, int]" = weakref.WeakKeyDictionary()
+
+
+def _layer_shape(body: torch.nn.Module) -> tuple[int, int]:
+    """``(hidden_size, weights per decoder layer)`` of a transformers body (its parameters but the
+    input embeddings, over its layers)."""
+    config = body.config
+    if body not in _LAYER_PARAMS:
+        embeddings = body.get_input_embeddings().weight.numel()
+        _LAYER_PARAMS[body] = (sum(p.numel() for p in body.parameters()) - embeddings) // config.num_hidden_layers
+    return config.hidden_size, _LAYER_PARAMS[body]
+
+
 def padded_hidden_states(body: torch.nn.Module, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Last hidden state ``[B, T, H]`` of ``body`` run on the padded batch itself."""
     # Positions count real tokens, as the engines' generate does, so left-padded rows work too.
@@ -133,8 +232,16 @@ def packed_hidden_states(body: torch.nn.Module, input_ids: torch.Tensor, mask: t
     plan = plan_packing(mask, capacity)
     if plan.n_bins == 0:
         return padded_hidden_states(body, input_ids, mask)  # still one body call, as every FSDP rank needs
+    return planned_hidden_states(body, input_ids, mask, plan)
+
+
+def planned_hidden_states(body: torch.nn.Module, input_ids: torch.Tensor, mask: torch.Tensor,
+                          plan: Packing) -> torch.Tensor:
+    """Last hidden state ``[B, T, H]`` of ``body`` run on the layout ``plan`` of the batch (its ``attention``
+    mask, if any, passed as a 4-D mask), zero at padding."""
     ids, position_ids = plan.pack(input_ids)
-    hidden = body(input_ids=ids, attention_mask=None, position_ids=position_ids, use_cache=False).last_hidden_state
+    hidden = body(input_ids=ids, attention_mask=plan.attention, position_ids=position_ids,
+                  use_cache=False).last_hidden_state
     return plan.unpack(hidden, tuple(mask.shape))
 
 
@@ -143,6 +250,10 @@ _PROBE_ROWS = ((3, 1, 4, 1, 5), (9, 2, 6))
 """Token ids (modulo the vocabulary) of the probe's two sequences; the first is replaced by
 ``_PROBE_OTHER`` to check that the second does not see it."""
 _PROBE_OTHER = (7, 8, 2, 8, 1)
+_PROBE_TREE_ROWS = ((3, 1, 4, 1, 5, 9), (3, 1, 4, 1, 2, 6, 5), (8, 9, 7))
+"""The prefix-tree probe's sequences: the first two share four tokens; the first's own tokens are
+replaced by ``_PROBE_TREE_OTHER`` to check that the second does not see them."""
+_PROBE_TREE_OTHER = (7, 7)
 
 
 def _vocab_size(body: torch.nn.Module) -> int:
@@ -151,35 +262,77 @@ def _vocab_size(body: torch.nn.Module) -> int:
     return int(size) if size else 10
 
 
-def _probe(body: torch.nn.Module, device: torch.device) -> str | None:
-    """Why ``body`` does not compute packed rows as padded ones, or None (see ``packing_supported``)."""
-    vocab = _vocab_size(body)
-    width = max(map(len, _PROBE_ROWS)) + 1
-    ids = torch.zeros(len(_PROBE_ROWS), width, dtype=torch.long)
-    mask = torch.zeros(len(_PROBE_ROWS), width, dtype=torch.bool)
-    for r, row in enumerate(_PROBE_ROWS):
-        start = 0 if r == 0 else width - len(row)  # the first right-padded, the second left-padded
+def _probe_batch(rows, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` (token ids modulo ``vocab``) as a padded batch one token wider than the longest row,
+    the first row right-padded and the others left-padded."""
+    width = max(map(len, rows)) + 1
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
+    for r, row in enumerate(rows):
+        start = 0 if r == 0 else width - len(row)
         ids[r, start:start + len(row)] = torch.tensor(row) % vocab
         mask[r, start:start + len(row)] = True
+    return ids.to(device), mask.to(device)
+
+
+def _probe(body: torch.nn.Module, device: torch.device, layout: str) -> str | None:
+    """Why ``body`` does not compute the rows laid out as ``layout`` ('packed': ``plan_packing``,
+    'prefix_tree': ``plan_prefix_tree``) as it computes them padded, or None (see ``packing_supported``)."""
+    vocab = _vocab_size(body)
+    rows, other_tokens = (_PROBE_ROWS, _PROBE_OTHER) if layout == "packed" else (_PROBE_TREE_ROWS, _PROBE_TREE_OTHER)
+    ids, mask = _probe_batch(rows, vocab, device)
     other = ids.clone()
-    other[0, :len(_PROBE_OTHER)] = torch.tensor(_PROBE_OTHER) % vocab
-    ids, other, mask = ids.to(device), other.to(device), mask.to(device)
-    one_bin = int(mask.sum()) + 1  # both rows and a leftover token in one bin
+    changed = slice(len(rows[0]) - len(other_tokens), len(rows[0]))  # the first row is right-padded
+    other[0, changed] = torch.tensor(other_tokens, device=device) % vocab
+
+    def laid_out(input_ids):
+        if layout == "packed":  # both rows and a leftover token in one bin
+            return packed_hidden_states(body, input_ids, mask, capacity=int(mask.sum()) + 1)
+        plan = plan_prefix_tree(input_ids, mask)
+        if plan is None or plan.n_bins != 1:
+            raise AssertionError("the prefix-tree probe's rows must share a prefix and fit one bin")
+        return planned_hidden_states(body, input_ids, mask, plan)
+
     with torch.no_grad():
         padded = padded_hidden_states(body, ids, mask)
-        packed = packed_hidden_states(body, ids, mask, capacity=one_bin)
-        packed_other = packed_hidden_states(body, other, mask, capacity=one_bin)
+        packed, packed_other = laid_out(ids), laid_out(other)
     low = padded.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled(device.type)
     padded, packed, packed_other = (h[mask].float() for h in (padded, packed, packed_other))
     scale = 1.0 + float(padded.abs().max())
     gap = float((packed - padded).abs().max())
     if not gap <= (2e-2 if low else 1e-4) * scale:  # NaN fails too
-        return f"packed hidden states differ from padded ones by {gap:.3g}"
-    second = slice(len(_PROBE_ROWS[0]), None)  # the second row's tokens, row-major after the first's
-    leak = float((packed_other[second] - packed[second]).abs().max())
+        return f"{layout} hidden states differ from padded ones by {gap:.3g}"
+    later = slice(len(rows[0]), None)  # the other rows' tokens, row-major after the first's
+    leak = float((packed_other[later] - packed[later]).abs().max())
     if not leak <= (1e-3 if low else 1e-5) * scale:
-        return f"a packed sequence sees the one before it (its hidden states move by {leak:.3g})"
+        return f"a {layout} sequence sees another one's tokens (its hidden states move by {leak:.3g})"
     return None
+
+
+def _supported(body: torch.nn.Module, device: torch.device | None, layout: str) -> bool:
+    """Whether ``body`` computes ``layout`` as padded rows (``_probe``), probed once per body, attention
+    implementation and layout, in eval mode without gradients (the modules' modes are restored); a
+    body that fails or raises gets a warning naming why."""
+    impl = getattr(getattr(body, "config", None), "_attn_implementation", None)
+    known = _SUPPORTED.setdefault(body, {})
+    if (impl, layout) in known:
+        return known[impl, layout]
+    modes = [(m, m.training) for m in body.modules()]
+    body.eval()
+    try:
+        reason = _probe(body, device if device is not None else next(body.parameters()).device, layout)
+    except Exception as e:  # a model that refuses the layout's inputs: it runs without that layout
+        reason = f"a {layout} forward raised {type(e).__name__}: {e}".splitlines()[0]
+    finally:
+        for module, training in modes:
+            module.training = training
+    if reason is not None:
+        what, fallback = (("sequence packing", "the padded batch") if layout == "packed" else
+                          ("prefix sharing", "packed rows, each computing its own prefix"))
+        warnings.warn(f"{what} is off for {type(body).__name__} (attn_implementation={impl!r}): {reason}; "
+                      f"its forwards run on {fallback}", RuntimeWarning, stacklevel=3)
+    known[impl, layout] = reason is None
+    return reason is None
 
 
 def packing_supported(body: torch.nn.Module, device: torch.device | None = None) -> bool:
@@ -192,31 +345,28 @@ def packing_supported(body: torch.nn.Module, device: torch.device | None = None)
     when the first one's tokens do. A body that fails, or raises, keeps the padded forward: packing
     never changes the values computed (ALiBi models and OPT fail; Llama, Qwen2, Gemma2, GPT-2 and
     GPT-NeoX pass with sdpa and eager attention)."""
-    impl = getattr(getattr(body, "config", None), "_attn_implementation", None)
-    known = _SUPPORTED.setdefault(body, {})
-    if impl in known:
-        return known[impl]
-    modes = [(m, m.training) for m in body.modules()]
-    body.eval()
-    try:
-        reason = _probe(body, device if device is not None else next(body.parameters()).device)
-    except Exception as e:  # a model that refuses packed inputs: padded it is
-        reason = f"a packed forward raised {type(e).__name__}: {e}".splitlines()[0]
-    finally:
-        for module, training in modes:
-            module.training = training
-    if reason is not None:
-        warnings.warn(f"sequence packing is off for {type(body).__name__} (attn_implementation={impl!r}): {reason}; "
-                      f"its forwards run on the padded batch", RuntimeWarning, stacklevel=2)
-    known[impl] = reason is None
-    return reason is None
+    return _supported(body, device, "packed")
+
+
+def prefix_tree_supported(body: torch.nn.Module, device: torch.device | None = None) -> bool:
+    """Whether ``body`` computes the same hidden states in a prefix tree (``plan_prefix_tree``: shared
+    slots, a 4-D attention mask) as padded; probed as ``packing_supported`` is, on two rows sharing a
+    prefix and a third one. A body that ignores or refuses a 4-D boolean mask (eager attention, which
+    adds the mask to its scores; flash-attention kernels) fails and runs packed rows instead."""
+    return _supported(body, device, "prefix_tree")
 
 
 def hidden_states(body: torch.nn.Module, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Last hidden state ``[B, T, H]`` of ``body`` (a causal LM's ``base_model``) on the padded batch
     ``input_ids`` / ``mask`` (bool ``[B, T]``, real tokens True), aligned with it; zero at padding when
-    packed. Packed (``packed_hidden_states``) where the body supports it, padded otherwise."""
+    packed. In a prefix tree (``plan_prefix_tree``) where rows share prefixes and the body supports it,
+    when its ``forward_cost`` is below packed rows' (the prompts it saves outweigh its wider bins), packed
+    (``packed_hidden_states``) otherwise where the body supports that, padded else."""
     mask = mask.bool()
-    if packing_supported(body, input_ids.device):
-        return packed_hidden_states(body, input_ids, mask)
-    return padded_hidden_states(body, input_ids, mask)
+    if not packing_supported(body, input_ids.device):
+        return padded_hidden_states(body, input_ids, mask)
+    # Probed whatever this batch holds: a sharded body's probe is a collective, run by every rank at once.
+    tree = plan_prefix_tree(input_ids, mask) if prefix_tree_supported(body, input_ids.device) else None
+    if tree is not None and forward_cost(tree, *_layer_shape(body)) < forward_cost(plan_packing(mask), *_layer_shape(body)):
+        return planned_hidden_states(body, input_ids, mask, tree)
+    return packed_hidden_states(body, input_ids, mask)

@@ -2,7 +2,9 @@
 restarting per row), and packed forwards equal to padded ones (hidden states, log-probs, critic
 values and their gradients) on the tiny model and small random Llamas with sdpa and eager attention,
 under LoRA and gradient checkpointing; no pad token is computed; bodies that do not honour packed
-position ids keep the padded forward."""
+position ids keep the padded forward. The prefix tree: its layout and mask by hand, each shared
+prefix computed once, forwards and gradients equal to padded ones, and eager attention (which
+cannot take its mask) running packed rows instead."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from lit_ppo.models.lora import add_lora, lora_config
 from lit_ppo.models import TinyModelConfig, build_critic, build_tiny, token_logprobs
 from lit_ppo.models.loading import _hidden_states
 from lit_ppo.models.packing import (first_fit_decreasing, packed_hidden_states, packing_supported, padded_hidden_states,
-                             plan_packing)
+                                   plan_packing, plan_prefix_tree, planned_hidden_states, prefix_tree_supported)
 
 T = 10
 SPANS = ((0, 10), (2, 6), (4, 1), (0, 3), (5, 5), (1, 2), (3, 6))
@@ -217,7 +219,7 @@ def test_no_pad_token_is_computed(tiny):
     """The body receives the bins only: their total is the real tokens plus the bins' leftover."""
     ids, mask = _batch(tiny.config.vocab_size)
     body = tiny.base_model
-    packing_supported(body)  # probed before the hook counts
+    packing_supported(body), prefix_tree_supported(body)  # probed before the hook counts
     shapes = _input_shapes(body, lambda: token_logprobs(tiny, ids, mask))
     width = max(n for _, n in SPANS)
     assert shapes == [(len(BINS), width)]
@@ -320,3 +322,190 @@ def test_body_ignoring_packed_positions_keeps_the_padded_forward():
         assert torch.equal(got, padded_hidden_states(body, ids, mask))
         # what packing would have computed is really different: the fallback is needed
         assert _max_gap(packed_hidden_states(body, ids, mask)[mask], got[mask]) > 1e-4
+
+
+# --------------------------------------------------------------------------------------------
+# the prefix tree
+# --------------------------------------------------------------------------------------------
+
+TREE_ROWS = ((5, 6, 7, 8), (5, 6, 9), (5, 6, 7, 8), (1, 2))
+"""A group's shape in miniature: rows 0 and 2 identical, row 1 sharing their first two tokens, row
+3 sharing nothing. Sorted: row 3, row 0, row 2, row 1."""
+TREE_SLOTS = {3: [0, 1], 0: [2, 3, 4, 5], 2: [2, 3, 4, 5], 1: [2, 3, 6]}
+"""Each row's slots in the one bin: row 2 reuses all of row 0's, row 1 the first two."""
+
+
+def _tree_batch(rows, width: int, prompt_start: int = 2):
+    """``rows`` as a padded ``[len(rows), width]`` batch whose real tokens start at ``prompt_start``
+    (left padding) and end before right padding."""
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
+    for r, row in enumerate(rows):
+        ids[r, prompt_start:prompt_start + len(row)] = torch.tensor(row)
+        mask[r, prompt_start:prompt_start + len(row)] = True
+    return ids, mask
+
+
+def test_prefix_tree_layout_and_attention_by_hand():
+    ids, mask = _tree_batch(TREE_ROWS, 8)
+    plan = plan_prefix_tree(ids, mask)
+    assert (plan.n_bins, plan.width) == (1, 7)  # 13 real tokens in 7 slots
+    for row, slots in TREE_SLOTS.items():
+        picked = plan.rows == row
+        assert plan.slots[picked].tolist() == slots and (plan.bins[picked] == 0).all()
+        assert plan.positions[picked].tolist() == list(range(len(TREE_ROWS[row])))
+    packed, positions = plan.pack(ids)
+    assert packed.tolist() == [[1, 2, 5, 6, 7, 8, 9]] and positions.tolist() == [[0, 1, 0, 1, 2, 3, 2]]
+    # each slot attends to its row's earlier tokens: slot 6 (row 1's 9) sees 5, 6 and itself, not 7, 8
+    expected = [[0], [0, 1], [2], [2, 3], [2, 3, 4], [2, 3, 4, 5], [2, 3, 6]]
+    attention = plan.attention[0, 0]
+    assert [attention[q].nonzero().flatten().tolist() for q in range(7)] == expected
+    back = plan.unpack(packed.unsqueeze(-1).float(), tuple(mask.shape)).squeeze(-1).long()
+    assert torch.equal(back, ids * mask)
+
+
+def test_prefix_tree_only_where_it_saves_and_within_its_width():
+    ids, mask = _tree_batch([(1, 2, 3), (2, 2), (3, 1, 1, 1)], 6)  # nothing in common
+    assert plan_prefix_tree(ids, mask) is None
+    ids, mask = _tree_batch([(4, 4, 4, 4, 4, 4, 4, 1)] + [(9, 9, 9, 9, 9, 9, 9, 2), (9, 9, 9, 9, 9, 9, 9, 3)], 10)
+    assert plan_prefix_tree(ids, mask) is not None  # 7 of 24 tokens saved
+    ids, mask = _tree_batch([(4, 5, 6, 7, 8, 9, 1, 2), (4, 7, 7, 7, 7, 7, 7, 7)], 10)
+    assert plan_prefix_tree(ids, mask).width == 15  # one token of 16 saved
+    # four rows of 6 tokens sharing 4: trees of at most 9 slots hold two rows each (6 + 2; a third
+    # would make 10)
+    ids, mask = _tree_batch([(1, 2, 3, 4, 5, 6), (1, 2, 3, 4, 6, 5), (1, 2, 3, 4, 7, 7), (1, 2, 3, 4, 8, 8)], 8)
+    plan = plan_prefix_tree(ids, mask, width=9)
+    assert (plan.n_bins, plan.width) == (2, 8)
+    assert plan_prefix_tree(ids, mask).n_bins == 1  # the default width holds all four: 6 + 2 + 2 + 2
+
+
+def _group_batch(vocab: int, seed: int = 0):
+    """Two prompts of 5 tokens (sharing a 2-token system prefix) with three answers each of 1-6
+    tokens, one answer repeated; prompts left-padded to 6 columns, answers right-padded to 6."""
+    g = torch.Generator().manual_seed(seed)
+    system = torch.randint(1, vocab, (2,), generator=g).tolist()
+    rows = []
+    for _ in range(2):
+        prompt = system + torch.randint(1, vocab, (3,), generator=g).tolist()
+        answers = [torch.randint(1, vocab, (n,), generator=g).tolist() for n in (6, 1, 4)]
+        rows += [(prompt, answers[0]), (prompt, answers[1]), (prompt, answers[2]), (prompt, answers[2])]
+    ids = torch.zeros(len(rows), 12, dtype=torch.long)
+    mask = torch.zeros(len(rows), 12, dtype=torch.bool)
+    for r, (prompt, answer) in enumerate(rows):
+        ids[r, 6 - len(prompt):6], ids[r, 6:6 + len(answer)] = torch.tensor(prompt), torch.tensor(answer)
+        mask[r, 6 - len(prompt):6 + len(answer)] = True
+    loss_mask = mask.clone()
+    loss_mask[:, :6] = False
+    return ids, mask, loss_mask
+
+
+def test_forward_cost_by_hand():
+    ids, mask = _tree_batch(TREE_ROWS, 8)
+    # one bin of 7 slots: 7 x (100 weights + 2 x 7 x 4 attention) multiply-adds
+    assert packing.forward_cost(plan_prefix_tree(ids, mask), hidden_size=4, layer_params=100) == 7 * (100 + 56)
+    # rows of 4, 3, 4 and 2 tokens in bins of the longest row, 4: 4 bins of 4 slots
+    assert packing.forward_cost(plan_packing(mask), hidden_size=4, layer_params=100) == 4 * 4 * (100 + 32)
+
+
+def test_the_cheaper_layout_runs(tiny):
+    """The tree runs where the prompts it saves outweigh its wider bins; two long rows sharing a short
+    prefix run packed rows (on the tiny model, 64 wide with 41k weights a layer, attention over one
+    bin of 230 slots costs more than the 10 tokens saved)."""
+    body = tiny.base_model
+    # per layer: q, k, v, o (64 x 64), the MLP (3 x 64 x 128), two norms; and half the final norm
+    assert packing._layer_shape(body) == (64, 4 * 64 * 64 + 3 * 64 * 128 + 2 * 64 + 64 // 2)
+    ids, mask, _ = _group_batch(tiny.config.vocab_size)
+    packing_supported(body), prefix_tree_supported(body)
+    assert _input_shapes(body, lambda: _hidden_states(body, ids, mask)) == [(1, 30)]
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(1, tiny.config.vocab_size, (10,), generator=g).tolist()
+    rows = [prefix + torch.randint(1, tiny.config.vocab_size, (110,), generator=g).tolist() for _ in range(2)]
+    ids, mask = _tree_batch(rows, 120, prompt_start=0)
+    assert plan_prefix_tree(ids, mask).width == 230
+    assert _input_shapes(body, lambda: _hidden_states(body, ids, mask)) == [(2, 120)]
+
+
+def test_prefix_tree_computes_each_shared_prefix_once(tiny):
+    ids, mask, _ = _group_batch(tiny.config.vocab_size)
+    plan = plan_prefix_tree(ids, mask)
+    # 2 system tokens once, 3 prompt tokens per prompt, each distinct answer once
+    assert int(mask.sum()) == 8 * 5 + 2 * 15 and plan.width * plan.n_bins == 2 + 2 * 3 + 2 * 11
+    body = tiny.base_model
+    assert packing_supported(body) and prefix_tree_supported(body)
+    assert _input_shapes(body, lambda: token_logprobs(tiny, ids, mask)) == [(1, 30)]
+
+
+def test_prefix_tree_hidden_states_logprobs_values_and_gradients_equal_padded(model, monkeypatch):
+    """Shared prompts, a shared system prefix and a repeated answer in a prefix tree: hidden states,
+    log-probs, entropies and critic values and their gradients equal the padded forward's. Eager
+    attention adds its mask to the scores: it fails the probe and runs packed rows, still equal."""
+    body = model.base_model
+    if body.config._attn_implementation == "eager":
+        with pytest.warns(RuntimeWarning, match="prefix sharing is off for LlamaModel"):
+            assert not prefix_tree_supported(body)
+    else:
+        assert prefix_tree_supported(body)
+    ids, mask, loss_mask = _group_batch(model.config.vocab_size)
+    critic = build_critic(model)
+    torch.nn.init.normal_(critic.head.weight, std=1.0)
+    weights = torch.randn(*mask.shape, body.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    results = []
+    for padded in (False, True):
+        if padded:
+            monkeypatch.setattr(packing, "packing_supported", lambda body, device=None: False)
+        model.zero_grad(set_to_none=True)
+        critic.zero_grad(set_to_none=True)
+        hidden = _hidden_states(body, ids, mask)
+        logp, entropy = token_logprobs(model, ids, mask, temperature=0.8, loss_mask=loss_mask,
+                                       chunk_size=5, with_entropy=True)
+        values, final = critic.values(ids, mask)
+        ((hidden * weights)[mask].sum() + logp.sum() + entropy.sum() + values.sum() + final.sum()).backward()
+        results.append(([hidden[mask], logp, entropy, values, final], _grads(model), _grads(critic)))
+    (tree_out, tree_policy, tree_critic), (padded_out, padded_policy, padded_critic) = results
+    for name, got, expected in zip(("hidden", "logp", "entropy", "values", "final"), tree_out, padded_out):
+        assert expected.abs().sum() > 0 and _max_gap(got, expected) <= 1e-5, name
+    _assert_grads_close(tree_policy, padded_policy)
+    _assert_grads_close(tree_critic, padded_critic)
+
+
+def test_prefix_tree_under_lora_and_gradient_checkpointing_equals_padded(tiny, monkeypatch):
+    ids, mask, loss_mask = _group_batch(tiny.config.vocab_size, seed=3)
+    results = []
+    for tree in (True, False):
+        model = add_lora(copy.deepcopy(tiny), adapters(4, "all-linear")).train()
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            for name, p in model.named_parameters():
+                if ".lora_" in name:
+                    p.normal_(0.0, 0.2)
+        if tree:
+            model.gradient_checkpointing_enable()
+            assert prefix_tree_supported(model.base_model)
+            assert plan_prefix_tree(ids, mask) is not None
+        else:
+            monkeypatch.setattr(packing, "prefix_tree_supported", lambda body, device=None: False)
+        logp, _ = token_logprobs(model, ids, mask, loss_mask=loss_mask, chunk_size=4)
+        logp.sum().backward()
+        results.append((logp.detach(), _grads(model)))
+    assert _max_gap(results[0][0], results[1][0]) <= 1e-5
+    _assert_grads_close(results[0][1], results[1][1])
+
+
+def test_body_ignoring_the_tree_mask_runs_packed_rows():
+    """A body that builds its own causal mask and ignores the 4-D one would let a row see a sibling's
+    tokens: the probe finds it (with a warning naming why) and the forward runs packed rows."""
+    model = _llama("sdpa").eval()
+    body = model.base_model
+    original = body.forward
+    body.forward = lambda *args, attention_mask=None, **kwargs: original(*args, attention_mask=None, **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert packing_supported(body) and not prefix_tree_supported(body)
+    assert any("prefix sharing is off for LlamaModel" in str(w.message) for w in caught)
+    ids, mask, _ = _group_batch(model.config.vocab_size)
+    with torch.no_grad():
+        expected = padded_hidden_states(body, ids, mask)
+        assert _max_gap(_hidden_states(body, ids, mask)[mask], expected[mask]) <= 1e-5
+        # what the tree would have computed in this body is really different
+        tree = planned_hidden_states(body, ids, mask, plan_prefix_tree(ids, mask))
+        assert _max_gap(tree[mask], expected[mask]) > 1e-4
