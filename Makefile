@@ -41,6 +41,7 @@ bench: setup
 	$(PY) -m pip install --quiet -r requirements-bench.txt
 	$(PY) scripts/bench_algos.py
 	$(PY) scripts/bench_logprob.py
+	$(PY) scripts/bench_prefix_sharing.py
 	$(PY) scripts/bench_train.py
 	$(PY) scripts/bench_async.py
 	$(PY) scripts/bench_vs_trl.py

@@ -1,18 +1,19 @@
 """Prefix-sharing benchmark: the update's passes with each shared prompt computed once, or per row.
 
-    python scripts/bench_prefix_sharing.py                   # SmolLM2, the recipe's shape (minutes)
-    python scripts/bench_prefix_sharing.py --model tiny      # the tiny model (seconds)
+    python scripts/bench_prefix_sharing.py            # quick (make bench): the tiny model, 8-token answers
+    python scripts/bench_prefix_sharing.py --full     # docs/benchmarks.md numbers: SmolLM2, the recipe's shape
 
 The batch has the shape of an iteration of recipe=smollm2_word_problems: ``--prompts`` word problems
 rendered with the model's chat template (SmolLM2's carries a system prompt common to all), each
-with ``--samples`` answers of 30 to ``--max-new-tokens`` random tokens. Two passes are timed, as
+with ``--samples`` answers of 30 (or fewer) to ``--max-new-tokens`` random tokens. Two passes are timed, as
 the update runs them: forward and backward of the log-probs (with entropies) over the token-balanced
 minibatches of ``lit_ppo.training.update.balanced_partition`` (``--minibatches``, one micro-batch
 each), and a forward without gradients over the whole batch (the old / reference log-probs and
-values). "tree" is the default forward (``lit_ppo.models.packing.plan_prefix_tree``); "packed" is
-the same forward with prefix sharing off (each row packed with its own prompt). The two alternate
-within one process, after one warm-up pass each; the table reports medians and the ratio, the
-tokens each computes, and the largest log-prob gap between them (float32 rounding).
+values). "default" is lit_ppo's forward, which runs a prefix tree where it is cheaper
+(``lit_ppo.models.packing.chosen_prefix_tree``); "packed" is the same forward with prefix sharing off
+(each row packed with its own prompt). The two alternate within one process, after one warm-up pass
+each; the table reports medians and their ratio, the slots each computes (the default's layout per
+pass), and the largest log-prob gap between them (float32 rounding).
 """
 
 from __future__ import annotations
@@ -52,14 +53,17 @@ def recipe_batch(tokenizer, prompts: int, samples: int, max_new_tokens: int, see
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
+    parser.add_argument("--full", action="store_true", help="SmolLM2 with 96-token answers (default: tiny, 8)")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per batch (the recipe's data.batch_size)")
     parser.add_argument("--samples", type=int, default=8, help="answers per prompt (gconfig.n_samples)")
-    parser.add_argument("--max-new-tokens", type=int, default=96, help="longest answer (gconfig.max_new_tokens)")
+    parser.add_argument("--max-new-tokens", type=int, help="longest answer (gconfig.max_new_tokens; default 96 "
+                                                             "with --full, else 8)")
     parser.add_argument("--minibatches", type=int, default=4, help="optimizer steps (actor.ppo_n_minibatches)")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes of each forward")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     args = parser.parse_args()
+    args.model = "smollm2" if args.full else "tiny"
+    args.max_new_tokens = args.max_new_tokens or (96 if args.full else 8)
     torch.set_num_threads(args.threads)
     model, tokenizer = load_causal_lm(args.model)[:2]
     model.train()
@@ -87,15 +91,21 @@ def main() -> None:
         model.zero_grad(set_to_none=True)
         return time.perf_counter() - start, logp
 
-    rows_tokens = int(mask.sum())
-    tree_tokens = sum(p.width * p.n_bins for p in (packing.plan_prefix_tree(ids[r], mask[r]) for r in minibatches)
-                      if p is not None)
-    print(f"{args.model}: {args.prompts} prompts x {args.samples} answers, {rows_tokens} real tokens "
-          f"({int(loss_mask.sum())} answer tokens); {len(minibatches)} minibatches, whose trees hold "
-          f"{tree_tokens} slots; {args.threads} threads")
-    print("| pass | packed s | tree s | tree / packed | largest log-prob gap |")
-    print("|---|---|---|---|---|")
-    for grad, name in ((True, "forward + backward, per minibatch"), (False, "forward without gradients, whole batch")):
+    def slots(parts: list[list[int]]) -> tuple[int, int]:
+        """Slots of the default forward and of packed rows over the passes on ``parts``."""
+        default = packed = 0
+        for rows in parts:
+            flat = packing.plan_packing(mask[rows])
+            tree = packing.chosen_prefix_tree(body, ids[rows], mask[rows]) or flat
+            default, packed = default + tree.n_bins * tree.width, packed + flat.n_bins * flat.width
+        return default, packed
+
+    print(f"{args.model}: {args.prompts} prompts x {args.samples} answers, {int(mask.sum())} real tokens "
+          f"({int(loss_mask.sum())} in answers); {args.threads} threads")
+    print("| pass | packed s | default s | default / packed | slots packed | slots default | largest log-prob gap |")
+    print("|---|---|---|---|---|---|---|")
+    for grad, name in ((True, f"forward + backward, {len(minibatches)} minibatches"),
+                       (False, "forward without gradients, whole batch")):
         times: dict[bool, list[float]] = {True: [], False: []}
         logps = {}
         for sharing in (False, True):
@@ -104,9 +114,11 @@ def main() -> None:
             for sharing in (False, True):
                 seconds, logps[sharing] = run(sharing, grad)
                 times[sharing].append(seconds)
-        packed, tree = statistics.median(times[False]), statistics.median(times[True])
+        packed, default = statistics.median(times[False]), statistics.median(times[True])
         gap = float((logps[True] - logps[False]).abs().max())
-        print(f"| {name} | {packed:.2f} | {tree:.2f} | {tree / packed:.2f}x | {gap:.2g} |")
+        default_slots, packed_slots = slots(minibatches if grad else [list(range(len(ids)))])
+        print(f"| {name} | {packed:.2f} | {default:.2f} | {default / packed:.2f}x | {packed_slots} | {default_slots} "
+              f"| {gap:.2g} |")
 
 
 if __name__ == "__main__":

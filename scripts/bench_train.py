@@ -1,7 +1,7 @@
 """Training benchmark: seconds per RL iteration and peak memory, default run vs model=smollm2.
 
     python scripts/bench_train.py                 # quick (make bench): the default run only
-    python scripts/bench_train.py --full          # docs/benchmarks.md numbers: + model=smollm2 (minutes per iteration)
+    python scripts/bench_train.py --full          # docs/benchmarks.md numbers: + model=smollm2, float32 and bf16-mixed
     python scripts/bench_train.py [--steps 5] [--only tiny|smollm2]
 
 Each configuration runs in its own subprocess through the real CLI (so peak RSS is its own), one
@@ -22,6 +22,8 @@ CONFIGS = {
     "tiny (default grpo, arithmetic)": ["algo=grpo"],
     "smollm2 (grpo, gsm_symbolic)": ["algo=grpo", "model=smollm2", "data=gsm_symbolic", "data.batch_size=2",
                                      "gconfig.n_samples=4", "gconfig.max_new_tokens=64"],
+    "smollm2 bf16-mixed (the same)": ["algo=grpo", "model=smollm2", "data=gsm_symbolic", "data.batch_size=2",
+                                      "gconfig.n_samples=4", "gconfig.max_new_tokens=64", "trainer.precision=bf16-mixed"],
 }
 
 CHILD = r"""

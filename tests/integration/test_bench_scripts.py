@@ -33,3 +33,14 @@ def test_bench_logprob_prints_equal_values_and_the_matmul_floor():
 def test_bench_algos_prints_every_pair():
     out = run_script("bench_algos.py", "--batch", "4", "--length", "16")
     assert all(name in out for name in ("compute_gae token", "normalize group", "policy_loss fwd+bwd token"))
+
+
+def test_bench_prefix_sharing_computes_fewer_slots_and_equal_logprobs():
+    """On the tiny model with long prompts and 8-token answers the default forward shares each prompt:
+    fewer slots than packed rows in both passes, the same log-probs."""
+    out = run_script("bench_prefix_sharing.py", "--repeats", "1", "--threads", "1")
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| forward")]
+    assert [r[0].strip() for r in rows] == ["forward + backward, 4 minibatches", "forward without gradients, whole batch"]
+    for row in rows:
+        packed_slots, default_slots, gap = int(row[4]), int(row[5]), float(row[6])
+        assert default_slots < packed_slots and gap < 1e-4
