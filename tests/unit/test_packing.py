@@ -254,18 +254,25 @@ def test_rows_without_real_tokens(tiny):
     assert shapes == [tuple(mask.shape)]
 
 
+def _with_random_adapters(tiny):
+    """A copy of ``tiny`` in train mode with rank-4 LoRA adapters on every linear layer, their weights
+    drawn at random (fresh ones would leave B = 0 and the adapters without effect)."""
+    model = add_lora(copy.deepcopy(tiny), adapters(4, "all-linear")).train()
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        for name, p in model.named_parameters():
+            if ".lora_" in name:
+                p.normal_(0.0, 0.2)
+    return model
+
+
 def test_lora_and_gradient_checkpointing_packed_equal_padded(tiny, monkeypatch):
     """LoRA adapters (peft injected into the plain model) and HF gradient checkpointing under packing:
     log-probs and gradients equal the padded forward without checkpointing."""
     ids, mask = _batch(tiny.config.vocab_size)
     results = []
     for packed in (True, False):
-        model = add_lora(copy.deepcopy(tiny), adapters(4, "all-linear")).train()
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            for name, p in model.named_parameters():
-                if ".lora_" in name:
-                    p.normal_(0.0, 0.2)
+        model = _with_random_adapters(tiny)
         if packed:
             model.gradient_checkpointing_enable()
             assert packing_supported(model.base_model)
@@ -472,12 +479,7 @@ def test_prefix_tree_under_lora_and_gradient_checkpointing_equals_padded(tiny, m
     ids, mask, loss_mask = _group_batch(tiny.config.vocab_size, seed=3)
     results = []
     for tree in (True, False):
-        model = add_lora(copy.deepcopy(tiny), adapters(4, "all-linear")).train()
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            for name, p in model.named_parameters():
-                if ".lora_" in name:
-                    p.normal_(0.0, 0.2)
+        model = _with_random_adapters(tiny)
         if tree:
             model.gradient_checkpointing_enable()
             assert prefix_tree_supported(model.base_model)
