@@ -100,9 +100,11 @@ class Packing:
 
     def unpack(self, packed: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
         """``[n_bins, width, ...]`` outputs back to ``[B, T, ...]`` (``shape = (B, T)``), zero at padding;
-        differentiable."""
+        differentiable. A slot that several rows read gets the sum of their gradients in index order
+        (``index_select``'s backward, ``index_add_``), so the sum is the same on every run."""
         out = packed.new_zeros((*shape, *packed.shape[2:]))
-        return out.index_put((self.rows, self.cols), packed[self.bins, self.slots])
+        picked = packed.flatten(0, 1).index_select(0, self.bins * self.width + self.slots)
+        return out.index_put((self.rows, self.cols), picked)
 
 
 def plan_packing(mask: torch.Tensor, capacity: int | None = None) -> Packing:
