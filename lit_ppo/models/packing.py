@@ -374,9 +374,10 @@ def chosen_prefix_tree(body: torch.nn.Module, input_ids: torch.Tensor, mask: tor
     its wider bins); None otherwise. The body must support packing (``packing_supported``)."""
     # Probed whatever this batch holds: a sharded body's probe is a collective, run by every rank at once.
     tree = plan_prefix_tree(input_ids, mask) if prefix_tree_supported(body, input_ids.device) else None
-    if tree is None or forward_cost(tree, *_layer_shape(body)) >= forward_cost(plan_packing(mask), *_layer_shape(body)):
+    if tree is None:
         return None
-    return tree
+    shape = _layer_shape(body)
+    return tree if forward_cost(tree, *shape) < forward_cost(plan_packing(mask), *shape) else None
 
 
 def hidden_states(body: torch.nn.Module, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
