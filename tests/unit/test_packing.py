@@ -470,7 +470,9 @@ def test_prefix_tree_hidden_states_logprobs_values_and_gradients_equal_padded(mo
         results.append(([hidden[mask], logp, entropy, values, final], _grads(model), _grads(critic)))
     (tree_out, tree_policy, tree_critic), (padded_out, padded_policy, padded_critic) = results
     for name, got, expected in zip(("hidden", "logp", "entropy", "values", "final"), tree_out, padded_out):
-        assert expected.abs().sum() > 0 and _max_gap(got, expected) <= 1e-5, name
+        # float32 rounding: within 1e-5 of the largest magnitude (critic values reach ~20 under the head's init)
+        scale = max(1.0, float(expected.abs().max()))
+        assert expected.abs().sum() > 0 and _max_gap(got, expected) <= 1e-5 * scale, name
     _assert_grads_close(tree_policy, padded_policy)
     _assert_grads_close(tree_critic, padded_critic)
 
