@@ -31,6 +31,7 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lit_ppo.rollout.source import RolloutSource
 from lit_ppo.utils.stop_requests import (SIGNALS, forget_stop_requests, received_signal, record_signal, signal_name,
                                          stop_requested)
 
@@ -64,7 +65,8 @@ class GracefulStop(L.Callback):
     def _handle(self, signum: int, frame) -> None:
         name = signal_name(signum)
         trainer = self._trainer
-        generating = bool(getattr(trainer.datamodule, "collecting", False))
+        rollouts: RolloutSource = trainer.datamodule  # handled from on_train_start: after LitPPO.on_fit_start's check
+        generating = rollouts.collecting
         evaluating = trainer.validating and not trainer.sanity_checking
         if received_signal() is None:
             record_signal(signum)
@@ -149,7 +151,9 @@ class GracefulStop(L.Callback):
         # and the prompt stream reports the position where that iteration ended, so last.ckpt can hold it.
         # Ranks would have to meet in the checkpoint's barrier, which they cannot be relied on to do after
         # one of them failed.
-        between = getattr(trainer.datamodule, "collecting", False) or trainer.validating
+        # A resumed fit has global_step > 0 before LitPPO.on_fit_start, which may refuse its datamodule (or none).
+        rollouts = trainer.datamodule
+        between = (isinstance(rollouts, RolloutSource) and rollouts.collecting) or trainer.validating
         if between and trainer.world_size == 1 and trainer.global_step > self._saved_step:
             self._write_last(trainer)
         path = last_checkpoint_path(trainer)

@@ -6,6 +6,8 @@ import time
 
 import lightning as L
 
+from lit_ppo.rollout.source import RolloutSource
+
 
 class WeightSync(L.Callback):
     """After each update, stream the policy's named parameters into the engine (version += 1 there
@@ -13,16 +15,16 @@ class WeightSync(L.Callback):
     producer (rollout.max_head_offpolicyness > 0) go on. Added by LitPPO itself."""
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        datamodule = trainer.datamodule
-        engine = getattr(datamodule, "engine", None)
+        datamodule: RolloutSource = trainer.datamodule  # LitPPO.on_fit_start made sure of it
+        engine = datamodule.engine
         if engine is not None and engine.version != pl_module.version:  # else no update happened this step
             start = time.perf_counter()
             engine.wake()
             engine.update_weights(pl_module.engine_weights(), version=pl_module.version)
             pl_module.log("time/sync_s", time.perf_counter() - start, on_step=True, on_epoch=False, batch_size=1)
-        if hasattr(datamodule, "iteration_done"):
-            datamodule.iteration_done()
+        datamodule.iteration_done()
 
     def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
-        if hasattr(trainer.datamodule, "stop_producer"):
+        # Also a failure before training (LitPPO.on_fit_start refusing another datamodule, or none).
+        if isinstance(trainer.datamodule, RolloutSource):
             trainer.datamodule.stop_producer(wait=False)  # the process is ending: no batch is awaited

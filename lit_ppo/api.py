@@ -20,18 +20,16 @@ from typing import Any
 
 import yaml
 
-from lit_ppo.cli.check import check_config
-from lit_ppo.cli.compose import compose_run, real_model_note
-from lit_ppo.cli.presets import given_task_kwargs, group_options, is_group, keep_taken_task_kwargs
-from lit_ppo.cli.launch import evaluation_tree, resume_fit
-from lit_ppo.cli.lightning_cli import LitPPOCLI, quiet_expected_output, write_config
 from lit_ppo.config.keys import key_path, set_key, typed_key
 from lit_ppo.config.sections import Sections, check_sections
 from lit_ppo.errors import ConfigError, RunStopped
+from lit_ppo.launch.compose import compose_run, real_model_note
+from lit_ppo.launch.lightning_cli import LitPPOCLI, quiet_expected_output
+from lit_ppo.launch.presets import given_task_kwargs, group_options, is_group, keep_taken_task_kwargs
+from lit_ppo.launch.run import check, evaluation_tree, resume_fit, run
 from lit_ppo.models import default_cache_dir
 from lit_ppo.run import export as run_export
 from lit_ppo.run.lock import release_run_locks
-from lit_ppo.run.resume import check_resume_args
 from lit_ppo.utils.fs import file_sha256, temporary_directory
 from lit_ppo.utils.imports import object_reference, object_references
 from lit_ppo.utils.stop_requests import (exit_on_signals, forget_stop_requests, pending_failure, received_signal,
@@ -132,18 +130,17 @@ def fit(config: RunConfig, ckpt_path: str | Path | None = None) -> FitResult:
         raise TypeError(f"lit_ppo.fit takes the RunConfig that lit_ppo.compose(...) returns, not a "
                         f"{type(config).__name__}: lit_ppo.fit(lit_ppo.compose('key=value', values={{...}}))")
     tree = copy.deepcopy(config.tree)
-    flags = ["--ckpt_path", str(ckpt_path)] if ckpt_path is not None else []
-    resumed = resume_fit(flags, tree)  # the run's recorded config, this one's changes named
+    ckpt_path = str(ckpt_path) if ckpt_path is not None else None
+    resumed = resume_fit(ckpt_path, tree)  # the run's recorded config, this one's changes named
     if resumed is not None:
-        tree, flags = resumed
+        tree, ckpt_path = resumed
     _check_one_process(tree)
-    check_config(tree, "fit")
-    check_resume_args(flags, tree, error=ConfigError)
+    check(tree, "fit", ckpt_path)
     note = real_model_note(tree)
     if note is not None:
         print(note, file=sys.stderr, flush=True)
     try:
-        cli = _run_cli(["fit", "--config", write_config(tree), *flags])
+        cli = _run("fit", tree, ckpt_path)
     finally:
         release_run_locks()  # the run has ended: a resume from another process may continue it
     checkpoint = cli.run_dir / "checkpoints" / "last.ckpt"
@@ -187,18 +184,18 @@ def _evaluate(subcommand: str, ckpt_path: str | Path, overrides: tuple[str, ...]
     if tree is None:
         raise ConfigError(f"--ckpt_path {ckpt_path} records no config: score it from the command line with the "
                           f"fit overrides it was trained with")
-    check_config(tree, subcommand)
-    cli = _run_cli([subcommand, "--config", write_config(tree), "--ckpt_path", str(ckpt_path)])
+    check(tree, subcommand)
+    cli = _run(subcommand, tree, str(ckpt_path))
     return {k: v for k, v in _metrics(cli.trainer).items() if k.startswith("eval/")}
 
 
-def _run_cli(args: list[str]) -> LitPPOCLI:
-    """LitPPOCLI run on ``args`` under the signal handling of the command line; RunStopped for a failure
+def _run(subcommand: str, tree: dict, ckpt_path: str | None) -> LitPPOCLI:
+    """``lit_ppo.launch.run.run`` under the signal handling of the command line; RunStopped for a failure
     that ended an iteration."""
     quiet_expected_output()
     forget_stop_requests()
     with exit_on_signals():
-        cli = LitPPOCLI(args)
+        cli = run(subcommand, tree, ckpt_path)
     failure = pending_failure()
     if failure is not None:
         raise RunStopped(failure)

@@ -6,7 +6,7 @@
 The LM head and the log-prob of each label under it (SmolLM2's shape: hidden 576, vocab 49152),
 forward and backward (gradients of the hidden states and the head's weight), with and without the
 entropy in the loss. "naive" keeps the float32 ``[tokens, vocab]`` log-softmax for its backward
-pass; "lit_ppo" is ``lit_ppo.models._SampledTokenLogprobs`` at ``model.logprob_chunk_size``. Each
+pass; "lit_ppo" is ``lit_ppo.models.logprobs._SampledTokenLogprobs`` at ``model.logprob_chunk_size``. Each
 measurement runs in its own process, interleaved naive / lit_ppo: one warm-up pass, then the repeats;
 time is their median, peak memory their largest high-water mark above what the process held before
 the pass (freed heap memory handed back to the system first, so that it neither counts nor hides a
@@ -26,7 +26,7 @@ import sys
 CHILD = r"""
 import ctypes, gc, json, sys, time
 import torch
-from lit_ppo.models.loading import _SampledTokenLogprobs
+from lit_ppo.models.logprobs import _SampledTokenLogprobs
 
 path, (tokens, hidden, vocab, chunk, entropy, repeats, threads), out = sys.argv[1], map(int, sys.argv[2:-1]), sys.argv[-1]
 torch.set_num_threads(threads)

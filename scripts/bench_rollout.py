@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from lit_ppo.cli.compose import compose
+from lit_ppo.launch.compose import compose
 from lit_ppo.config import GenerationConfig
 from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.models import load_causal_lm

@@ -14,7 +14,7 @@ import pytest
 
 SHARED_SESSION_FIXTURES = {
     "smollm2_cache": ["tests/integration/test_shipped_configs.py", "tests/integration/test_smollm2.py",
-                      "tests/unit/test_vllm_engine.py"],
+                      "tests/unit/rollout/test_vllm_engine.py"],
     "demo_run": ["tests/integration/test_evaluation.py", "tests/integration/test_export.py",
                  "tests/integration/test_run_outputs.py", "tests/integration/test_sync_path_unchanged.py"],
 }

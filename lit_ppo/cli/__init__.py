@@ -1,6 +1,7 @@
-"""Layer 7, the front ends: ``python -m lit_ppo fit|validate|test|export|compare|sweep``. Each
+"""Layer 8, the command line: ``python -m lit_ppo fit|validate|test|export|compare|sweep``. Each
 subcommand parses and checks its arguments, reports a mistake as one line (exit code 2) and calls the
-layers below; nothing below imports from here.
+layers below (``fit``, ``validate`` and ``test`` the verbs of ``lit_ppo.launch``); nothing below imports
+from here.
 
 ``SUBCOMMANDS`` names each subcommand's module, which ``main`` imports only to run it: ``python -m
 lit_ppo --help`` loads none of them, and ``compare`` loads no Lightning."""
@@ -49,8 +50,6 @@ SUBCOMMANDS = {
         "sweep key=a,b [key=range(0,3) ...] [key=value ...] [--experiment NAME] [--metric M] [--output PNG]",)),
 }
 """Subcommand -> its module, usage and what a stop signal leaves of it."""
-EVALUATING = ("validate", "test")
-"""Subcommands that score the test split of a trained (or the untrained) model (lit_ppo.rollout.evaluation)."""
 USAGE = ("usage: " + "\n       ".join(f"{PROG} {line}" for row in SUBCOMMANDS.values() for line in row.usage) + """
 
 model=NAME|DIR: tiny, smollm2 or a local Hugging Face causal LM directory

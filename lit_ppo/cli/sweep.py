@@ -39,8 +39,8 @@ from hydra.errors import HydraException
 
 from lit_ppo.cli import usage
 from lit_ppo.cli.args import ArgParser, asks_for_help, print_error
-from lit_ppo.cli.presets import conf_dir, group_options
-from lit_ppo.cli.explain import explain_hydra_error
+from lit_ppo.launch.presets import conf_dir, group_options
+from lit_ppo.launch.explain import explain_hydra_error
 from lit_ppo.errors import ConfigError, RunStopped
 from lit_ppo.run.compare import REWARD, check_output, compare
 from lit_ppo.run.mlflow_store import check_mlflow_importable
@@ -104,8 +104,8 @@ def check(combinations: list[Combination]) -> None:
     """Compose and validate every combination as ``fit`` does (no model is loaded), so that a bad
     value in the grid fails before the first fit spends its time."""
     # Lightning loads with the checks: only once the flags parse, so that --help and a flag's mistake print at once.
-    from lit_ppo.cli.check import check_config
-    from lit_ppo.cli.compose import compose
+    from lit_ppo.launch.compose import compose
+    from lit_ppo.launch.run import check as check_fit
     from lit_ppo.run.tracking import _mlflow_loggers
 
     for i, combination in enumerate(combinations, 1):
@@ -114,7 +114,7 @@ def check(combinations: list[Combination]) -> None:
             with warnings.catch_warnings():  # each fit prints its own warnings
                 warnings.simplefilter("ignore")
                 tree = compose(combination.overrides)
-                check_config(tree)
+                check_fit(tree)
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
         if not _mlflow_loggers(tree["trainer"].get("logger")):

@@ -332,7 +332,10 @@ class GenerationConfig:
 
 @dataclass
 class EvalConfig:
-    """How the task's test split is scored (``eval/*`` metrics, ``validate`` and ``test``)."""
+    """How the task's test split is scored (``eval/*`` metrics, ``validate`` and ``test``).
+
+    Scored every ``trainer.val_check_interval`` iterations, at the end of ``fit``, and by ``validate`` /
+    ``test`` (``lit_ppo.rollout.evaluation``)."""
 
     k: int = 4
     """Samples per test problem, at the training sampling distribution, for ``eval/pass_at_<k>`` and

@@ -1,7 +1,7 @@
 """The sections of a LightningCLI config tree that lit_ppo's dataclasses declare, built and checked
 without torch or Lightning: the seeds, ``model.{actor,critic,model}`` and ``data.{gconfig,eval}``. Each
 mistake is one ConfigError naming the key as typed; what needs the layers above (the task's data, a model
-directory, Lightning's own arguments) ``lit_ppo.cli.check`` adds."""
+directory, Lightning's own arguments) ``lit_ppo.launch.check`` adds."""
 
 from __future__ import annotations
 
@@ -80,3 +80,18 @@ def check_sections(tree: dict, check_actor: Callable[[PPOActorConfig], None] | N
                     model=construct(ModelConfig, model.get("model") or {}, "model"),
                     gconfig=construct(GenerationConfig, data.get("gconfig") or {}, "gconfig"),
                     eval=construct(EvalConfig, data.get("eval") or {}, "eval"))
+
+
+def actor_rollout_problem(actor: PPOActorConfig, temperature: float, max_head_offpolicyness: int) -> str | None:
+    """Why the actor cannot train on the rollouts, or None: samples up to ``max_head_offpolicyness`` policy
+    versions old need the decoupled loss, and the log-probs the actor recomputes must be those of the
+    sampling ``temperature``. The command line checks it before anything loads, the trainer at fit start."""
+    if max_head_offpolicyness > 0 and not actor.use_decoupled_loss:
+        return (f"rollout.max_head_offpolicyness={max_head_offpolicyness} trains on samples up to "
+                f"{max_head_offpolicyness} policy versions old, which needs the decoupled loss: set "
+                f"actor.use_decoupled_loss=true (with rejection=icepop or rejection=kpop for the off-policy "
+                f"correction), or use algo=icepop or algo=kpop")
+    if actor.temperature != temperature:
+        return (f"actor.temperature={actor.temperature} must equal gconfig.temperature={temperature}: the "
+                f"trainer recomputes log-probs under the sampling distribution")
+    return None

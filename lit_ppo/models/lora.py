@@ -20,7 +20,7 @@ import torch
 from lit_ppo.config import ModelConfig
 from lit_ppo.errors import ConfigError
 from lit_ppo.models.hf_dir import publish
-from lit_ppo.models.loading import model_from_weights
+from lit_ppo.models.policy_copies import model_from_weights
 
 ADAPTER = "default"
 """peft's name of the one adapter lit_ppo trains."""

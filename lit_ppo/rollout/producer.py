@@ -27,16 +27,6 @@ from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.engine import Completion, RolloutEngine, SamplingParams
 
 
-def decoupled_loss_problem(max_head_offpolicyness: int, use_decoupled_loss: bool) -> str | None:
-    """Why the actor cannot train on samples up to ``max_head_offpolicyness`` versions old, or None."""
-    if max_head_offpolicyness > 0 and not use_decoupled_loss:
-        return (f"rollout.max_head_offpolicyness={max_head_offpolicyness} trains on samples up to "
-                f"{max_head_offpolicyness} policy versions old, which needs the decoupled loss: set "
-                f"actor.use_decoupled_loss=true (with rejection=icepop or rejection=kpop for the off-policy "
-                f"correction), or use algo=icepop or algo=kpop")
-    return None
-
-
 class SharedEngine:
     """A rollout engine used by the producer thread and the trainer at once (implements ``RolloutEngine``).
 

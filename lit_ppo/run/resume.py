@@ -15,7 +15,6 @@ from lit_ppo.config.keys import typed_key
 from lit_ppo.errors import ConfigError
 from lit_ppo.training.checkpoint_io import DISTRIBUTED_META, is_distributed_checkpoint, read_checkpoint
 from lit_ppo.training.record import DATA_DIGEST_SUFFIX, RECORD_KEY, RUN_KEY, expected_record
-from lit_ppo.utils.flags import flag_value
 
 CONFIG_STATE_KEY = "lit_ppo_config"
 """Key of the run's resolved config (YAML text) in TrackedConfig's checkpoint state."""
@@ -76,28 +75,6 @@ def recorded_run(ckpt_path: str | None) -> dict[str, str] | None:
         return None
     record = _unverified(ckpt_path).get(RECORD_KEY)
     return dict(record.get(RUN_KEY) or {}) if isinstance(record, dict) else {}
-
-
-
-def ckpt_path_arg(flags: list[str], config: dict | None = None) -> str | None:
-    """The ``--ckpt_path`` of LightningCLI flags (``--ckpt_path X`` or ``--ckpt_path=X``; the last
-    one wins, as in the parser), else the config's ``ckpt_path``; None when neither is given."""
-    given = flag_value(flags, "--ckpt_path")
-    value = given if given is not None else (config or {}).get("ckpt_path")
-    return None if value in (None, "", "null", "None") else str(value)
-
-
-
-def check_resume_args(flags: list[str], tree: dict, error: type[Exception] = ValueError) -> None:
-    """``check_resume`` for the ``--ckpt_path`` in ``flags`` / ``tree``, if any; raises ``error``
-    (the caller's one-line error type) with the message."""
-    path = ckpt_path_arg(flags, tree)
-    if path is None:
-        return
-    try:
-        check_resume(path, tree)
-    except ValueError as e:
-        raise error(str(e)) from None
 
 
 

@@ -2,7 +2,7 @@
 
 Each rank reads its own shard of the task's prompts (``lit_ppo.rollout.stream``, a fresh seeded
 permutation every epoch), and its collector (``lit_ppo.rollout.collector``) asks the rank's colocated
-engine (``lit_ppo.rollout.engines``) for ``gconfig.n_samples`` completions per prompt, scores them, lets
+engine (``lit_ppo.rollout.engine_factory``) for ``gconfig.n_samples`` completions per prompt, scores them, lets
 the dynamic filter accept or reject whole groups, and keeps pulling prompts until the batch is full.
 The stream is pulled by the training step itself, so in synchronous mode the batch of iteration k is
 generated with the weights of version k (nothing is prefetched ahead of the weight push). With
@@ -11,13 +11,16 @@ collection ahead of the trainer, at most k versions ahead.
 
 The data module holds the Lightning side of it: the hooks, the producer's lifecycle and the resumable
 state. Its settings are one ``RolloutConfig`` (``rollout``), which the LightningModule reads too; what it
-reads of the LightningModule is ``TrainedPolicy``.
+reads of the LightningModule is ``TrainedPolicy``, what the LightningModule and the callbacks read of it is
+``lit_ppo.rollout.source.RolloutSource``.
 """
 
 from __future__ import annotations
 
+import inspect
 import operator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Protocol
 
 import lightning as L
@@ -30,13 +33,14 @@ from lit_ppo.errors import ConfigError
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.collector import Collector
 from lit_ppo.rollout.engine import RolloutEngine, SamplingParams
-from lit_ppo.rollout.engines import build_engine
+from lit_ppo.rollout.engine_factory import build_engine
 from lit_ppo.rollout.evaluation import Evaluation, greedy, sum_names
 from lit_ppo.rollout.producer import AsyncProducer, SharedEngine, batch_to_dict, drop_stale
 from lit_ppo.rollout.stream import PromptStream, stable_seed
 from lit_ppo.rollout.workflows import MultiTurnWorkflow, SingleTurnWorkflow, is_multi_turn
 from lit_ppo.tasks import DEFAULT_TASK, build_task
 from lit_ppo.utils.imports import describe, import_object
+from lit_ppo.utils.source_docs import args_entries, dataclass_fields
 
 
 def import_function(path: str, key: str) -> Callable:
@@ -67,59 +71,15 @@ class TrainedPolicy(Protocol):
 class RolloutDataModule(L.LightningDataModule):
     """Streams RolloutBatch objects from a task through a rollout engine.
 
+    Its other arguments are the fields of ``RolloutConfig`` (``lit_ppo.config.rollout``), held as ``rollout``
+    and documented there only: at import, ``Args:`` gets their entries from those field docstrings, for
+    LightningCLI's help (``fit --help-all``).
+
     Args:
         task: registered task name ('arithmetic', 'gsm_symbolic', 'reasoning_gym', 'gsm8k', 'calculator').
         task_kwargs: the task's configuration.
-        gconfig: sampling settings (group size, length budget, temperature, top-k/top-p, restriction).
-        batch_size: prompt groups per RL iteration and rank.
-        engine: rollout engine, 'hf' (transformers) or 'vllm'.
-        engine_kwargs: keyword arguments of the engine (e.g. vllm's gpu_memory_utilization, max_model_len;
-            for 'hf': max_batch_size, dtype, autocast, checked here). Both take ``dtype`` ('bfloat16':
-            the engine's weights in bf16). Under ``trainer.precision=bf16-mixed`` / ``16-mixed`` the HF
-            engine autocasts as the trainer does (``autocast`` overrides it), on every thread.
-        dynamic_filter_fn: dotted path to ``fn(group: RolloutBatch) -> bool`` accepting a prompt's
-            group (e.g. lit_ppo.rollout.filters.mixed_outcomes, DAPO's 0 < mean reward < 1); None keeps all.
-        dynamic_bs: stop after ``batch_size`` groups were tried and train on the accepted ones (the
-            batch may be smaller, or empty: the iteration is then skipped); otherwise keep sampling
-            until ``batch_size`` groups are accepted.
-        max_attempts_factor: give up, with an error naming the filter, after
-            ``max_attempts_factor * batch_size`` groups were tried for one batch (fixed batch size) or
-            after ``max_attempts_factor`` consecutive empty batches (dynamic_bs).
-        system_prompt: optional system message before every prompt.
-        seed: seed of the prompt order and of sampling.
-        max_turns: most assistant turns per episode of a multi-turn task (one with
-            ``environment(problem)``, e.g. 'calculator'); ignored by single-turn tasks.
-        turn_discount: factor in (0, 1] applied to a multi-turn episode's reward once per assistant
-            turn after the first; ignored by single-turn tasks.
-        on_invalid_reward: a reward that is not a finite real number (NaN, inf, None, a string)
-            fails the iteration with an error naming the task, the prompt and the value ('error'), or
-            drops that prompt's whole group ('drop'), counted in ``rollout/invalid_rewards``; dropped
-            groups count as tried for ``dynamic_bs`` and ``max_attempts_factor``.
-        max_logp_gap: largest mean |behaviour - trainer| log-prob gap, in nats per token, allowed on
-            the tokens of a batch sampled by the current policy version (every token in synchronous
-            training): above it the run stops, before any optimizer step on that batch, with an
-            error naming the engine, since the engine is then not sampling from the trainer's
-            weights. Measured by the trainer's recompute pass (``actor.recompute_logprob`` or the
-            decoupled loss) or else by the first minibatch's forward pass, as the token mean over
-            all ranks. 'auto' (the default) is 1e-3 where engine and trainer compute in float32 and
-            0.1 where either computes in lower precision (``model.dtype`` or
-            ``rollout.engine_kwargs.dtype`` not float32, ``trainer.precision`` not 32); a number
-            replaces both; None (null) disables the check. The measured gaps and what the error
-            recommends: docs/rollout.md#the-log-prob-gap.
-        eval: how the task's test split is scored every ``trainer.val_check_interval`` iterations,
-            at the end of ``fit``, and by ``validate`` / ``test`` (see ``lit_ppo.rollout.evaluation``).
-        max_head_offpolicyness: k, how many policy versions a trained token may lag the policy that
-            trains on it. 0: synchronous (each batch is generated by the current weights, then
-            trained on). k > 0: a producer thread generates batches ahead while the trainer trains,
-            starting one only while at most k batches are waiting or in training; each token keeps
-            the version that sampled it, a group older than k versions at hand-over is dropped
-            (``rollout/dropped_stale``), and the actor needs the decoupled loss
-            (``actor.use_decoupled_loss``, e.g. algo=icepop). The engine then stays awake during the
-            update (on a GPU it shares the device's memory with the trainer, or takes ``devices``).
-        num_threads: with k > 0, the torch CPU threads of the producer thread; the trainer keeps the
-            rest of the process's threads (at least one). None: half of them (at least one).
-        devices: CUDA device indices for the rollout engines, the one at position ``local_rank`` for
-            each rank of a node (``rollout=hf`` only); None: each engine on its rank's own device.
+        gconfig: sampling settings (``lit_ppo.config.GenerationConfig``).
+        eval: how the task's test split is scored (``lit_ppo.config.EvalConfig``).
     """
 
     def __init__(self, task: str = DEFAULT_TASK, task_kwargs: dict | None = None,
@@ -415,6 +375,11 @@ class RolloutDataModule(L.LightningDataModule):
         self._boundary = position  # what state_dict reports while collecting (an abandoned iteration)
         self.producer = None
         torch.set_num_threads(self._trainer_threads)
+
+
+if RolloutDataModule.__doc__:  # not under python -OO
+    RolloutDataModule.__doc__ = (RolloutDataModule.__doc__.rstrip() + "\n" + args_entries(
+        dataclass_fields(Path(inspect.getsourcefile(RolloutConfig)), RolloutConfig.__name__), indent=8) + "\n    ")
 
 
 def _token_id(value, vocab: int) -> bool:

@@ -16,10 +16,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_ppo.config import ModelConfig, PPOActorConfig, RolloutConfig
+from lit_ppo.config.sections import actor_rollout_problem
 from lit_ppo.errors import RunStopped
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.engine import SamplingParams
-from lit_ppo.rollout.producer import decoupled_loss_problem
 from lit_ppo.utils.dist import sum_over_ranks, world_max
 
 FLOAT32_LOGP_GAP = 1e-3
@@ -32,21 +32,19 @@ rounding, far below a broken weight push (docs/rollout.md#the-log-prob-gap)."""
 
 def check_fit_start(actor: PPOActorConfig, model: ModelConfig, sampling: SamplingParams, rollout: RolloutConfig,
                     precision: str) -> None:
-    """The module's settings against the data module's at fit start: ValueError if the actor's
-    temperature is not the sampling one or the actor cannot train on samples as old as the rollouts
-    allow; a warning if the trained weights are not float32 (``precision``: ``trainer.precision``)."""
-    if sampling.temperature != actor.temperature:
-        raise ValueError(f"actor.temperature={actor.temperature} must equal the sampling temperature "
-                         f"data.gconfig.temperature={sampling.temperature}")
+    """The module's settings against the data module's at fit start: ValueError with
+    ``actor_rollout_problem`` (the check the command line makes before anything loads, here for a module
+    and data module built by other means); a warning if the trained weights are not float32
+    (``precision``: ``trainer.precision``)."""
+    problem = actor_rollout_problem(actor, sampling.temperature, rollout.max_head_offpolicyness)
+    if problem:
+        raise ValueError(problem)
     half_weights = (f"model.dtype={model.dtype}" if model.dtype != "float32" else
                     f"trainer.precision={precision}" if precision in ("bf16-true", "16-true") else None)
     if half_weights:
         rank_zero_warn(f"{half_weights}: the policy's weights and AdamW state are not float32 (no float32 "
                        f"master copy), so updates smaller than the weights' rounding step are lost; for "
                        f"lower-precision compute keep model.dtype=float32 and set trainer.precision=bf16-mixed")
-    problem = decoupled_loss_problem(rollout.max_head_offpolicyness, actor.use_decoupled_loss)
-    if problem:
-        raise ValueError(problem)
 
 
 def every_rank_has_rows(num_rows: int, version: int, device: torch.device) -> bool:

@@ -9,7 +9,7 @@ not depend on micro-batching or world size.
 The module is the Lightning shell around the iteration; the parts have rooms of their own:
 ``update`` (the passes over micro-batches and the optimizer steps), ``guards`` (what stops a fit rather
 than train on something wrong), ``metrics`` (what is logged and how ranks combine it) and ``optim``
-(AdamW and its schedule). What it reads of the rollouts is ``RolloutDataModule.rollout``.
+(AdamW and its schedule). What it reads of the rollouts' data module is ``lit_ppo.rollout.source.RolloutSource``.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from lit_ppo.models.sampling import allowed_mask
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.engine import SamplingParams
 from lit_ppo.rollout.evaluation import SUMS, eval_metrics, sum_names
+from lit_ppo.rollout.source import RolloutSource
 from lit_ppo.rollout.workflows import task_name
 from lit_ppo.training.checkpoint_io import install_checkpoint_io
-from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.training.fsdp import full_tensor, shard_models
 from lit_ppo.training.guards import LogpGapCheck, SkippedSteps, check_fit_start, check_staleness, every_rank_has_rows
 from lit_ppo.training.metrics import MISMATCH_STATS, log_iteration, logp_gap, staleness, update_metrics
@@ -132,7 +132,7 @@ class LitPPO(L.LightningModule):
 
     def on_fit_start(self) -> None:
         datamodule = self.trainer.datamodule
-        if not isinstance(datamodule, RolloutDataModule):
+        if not isinstance(datamodule, RolloutSource):
             raise RuntimeError("LitPPO trains on a RolloutDataModule (trainer.fit(model, datamodule=...))")
         self.rollout = datamodule.rollout
         self.sampling = datamodule.sampling_params(self.tokenizer)
@@ -150,7 +150,7 @@ class LitPPO(L.LightningModule):
         checkpoint["policy_version"] = self.version
         # What resuming must match; TrackedConfig (a callback, called first) may have put the run's place there.
         datamodule = self.trainer.datamodule
-        task = datamodule.task if isinstance(datamodule, RolloutDataModule) else None
+        task = datamodule.task if isinstance(datamodule, RolloutSource) else None
         checkpoint.setdefault(RECORD_KEY, {}).update(run_record(self.algo, self.model_cfg, task))
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -324,17 +324,19 @@ class LitPPO(L.LightningModule):
 
     # ------------------------------------------------------------------ evaluation (lit_ppo.rollout.evaluation)
     def on_validation_epoch_start(self) -> None:
-        self._eval_sums = torch.zeros(len(sum_names(self.trainer.datamodule.task)), dtype=torch.float64)
+        datamodule: RolloutSource = self.trainer.datamodule
+        self._eval_sums = torch.zeros(len(sum_names(datamodule.task)), dtype=torch.float64)
 
     def validation_step(self, batch: list[int], batch_idx: int) -> None:
         """Score test problems ``batch`` (indices into the task's test split) through the engine."""
         if stop_requested():  # stopping: the checkpoint matters now, not the scores
             return
-        self._eval_sums += self.trainer.datamodule.evaluate(batch)
+        datamodule: RolloutSource = self.trainer.datamodule
+        self._eval_sums += datamodule.evaluate(batch)
 
     def on_validation_epoch_end(self) -> None:
         """Add the sums over ranks and log the means (every rank calls this exactly once)."""
-        datamodule = self.trainer.datamodule
+        datamodule: RolloutSource = self.trainer.datamodule
         sums = self.trainer.strategy.reduce(self._eval_sums.to(self.device), reduce_op="sum").cpu()
         metrics = eval_metrics(sums, datamodule.eval.k, sum_names(datamodule.task))
         # Float64 tensors: Lightning would store Python floats in float32. An evaluation that a stop cut

@@ -104,6 +104,18 @@ def args_section(docstring: str) -> dict[str, str]:
     return entries
 
 
+def args_entries(fields: list[FieldDoc], indent: int = 4) -> str:
+    """``fields`` as entries of a Google-style ``Args:`` section, ``indent`` spaces in (their continuation
+    lines four more): what ``args_section`` and docstring parsers read, for a class whose arguments are a
+    dataclass's fields."""
+    lines = []
+    for field in fields:
+        first, *rest = field.doc.splitlines() or [""]
+        lines.append(f"{' ' * indent}{field.name}: {first}".rstrip())
+        lines += [f"{' ' * (indent + 4)}{line}" if line.strip() else "" for line in rest]
+    return "\n".join(lines)
+
+
 def summary(text: str) -> str:
     """The first sentence of a docstring, on one line (a full stop after e.g., i.e., et al. ends none)."""
     flat = " ".join(text.split())

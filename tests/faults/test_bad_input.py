@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-import lit_ppo.cli.launch as cli_module
+import lit_ppo.launch.run as launch_run
+from lit_ppo.cli.fit import main as fit_main
 from lit_ppo.__main__ import main
 from lit_ppo.errors import ConfigError
 from tests.integration.conftest import run_cli
@@ -71,7 +72,7 @@ def test_config_errors_are_one_line(capsys, args, expected):
 
 
 def test_the_trainer_temperature_follows_the_sampler():
-    from lit_ppo.cli.compose import compose
+    from lit_ppo.launch.compose import compose
 
     tree = compose(["gconfig.temperature=0.7"])
     assert tree["model"]["actor"]["temperature"] == tree["data"]["gconfig"]["temperature"] == 0.7
@@ -92,7 +93,7 @@ def test_yaml_plus_overrides_is_refused(capsys, tmp_path):
 
 
 def test_fields_the_presets_do_not_set_need_no_plus():
-    from lit_ppo.cli.compose import compose
+    from lit_ppo.launch.compose import compose
 
     tree = compose(["algo=grpo", "actor.eps_clip_higher=0.28", "+actor.use_sapo_loss=true", "data.dynamic_bs=true"])
     assert tree["model"]["actor"]["eps_clip_higher"] == 0.28 and tree["model"]["actor"]["use_sapo_loss"] is True
@@ -115,9 +116,9 @@ def test_real_process_exit_code_and_no_traceback(tmp_path):
 
 def test_check_config_is_used_by_run(monkeypatch):
     calls = []
-    monkeypatch.setattr(cli_module, "check_config", lambda tree, subcommand: calls.append(tree) or (_ for _ in ()).throw(
+    monkeypatch.setattr(launch_run, "check_config", lambda tree, subcommand: calls.append(tree) or (_ for _ in ()).throw(
         ConfigError("stop")))
-    assert cli_module.main(["fit", "algo=grpo"]) == 2
+    assert fit_main(["fit", "algo=grpo"]) == 2
     assert calls and calls[0]["model"]["algo"] == "grpo"
 
 
@@ -197,7 +198,7 @@ def test_config_file_that_is_missing_or_a_directory(capsys, tmp_path):
 
 
 def test_a_value_with_spaces_quoted_as_one_argument_is_accepted():
-    from lit_ppo.cli.compose import compose
+    from lit_ppo.launch.compose import compose
 
     tree = compose(["data.system_prompt=You are a patient tutor"])
     assert tree["data"]["system_prompt"] == "You are a patient tutor"

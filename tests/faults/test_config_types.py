@@ -12,8 +12,8 @@ import pytest
 
 import lit_ppo.config
 from lit_ppo.__main__ import main
-from lit_ppo.cli.check import check_config
-from lit_ppo.cli.compose import compose
+from lit_ppo.launch.check import check_config
+from lit_ppo.launch.compose import compose
 from lit_ppo.config.keys import ROLLOUT_KEYS, typed_key
 from lit_ppo.errors import ConfigError
 from lit_ppo.training.datamodule import RolloutDataModule

@@ -126,7 +126,7 @@ def test_sys_exit_in_a_reward_function_fails_the_run_naming_it_and_keeps_the_las
 
 def test_argparse_exiting_in_user_code_is_blamed_on_the_user_function(tmp_path):
     """argparse's exit is inside the standard library: the user's function that called it is named."""
-    from lit_ppo.cli.user_exit import exiting_function, user_exit_message
+    from lit_ppo.launch.user_exit import exiting_function, user_exit_message
 
     module = tmp_path / "user_script.py"
     module.write_text("import argparse\n\n\ndef parse_options():\n"

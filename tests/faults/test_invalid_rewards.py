@@ -26,7 +26,8 @@ from lit_ppo.rollout.workflows import MultiTurnWorkflow, SingleTurnWorkflow, che
 from lit_ppo.tasks.base import Problem
 from tests.faults import nan_task
 from tests.integration.conftest import FAST, REPO
-from tests.unit.test_multiturn import END, ScriptedEngine, ScriptedTask, c, gen
+from tests.unit.fakes import ScriptedEngine
+from tests.unit.rollout.test_workflows_multiturn import END, ScriptedTask, c, gen
 
 GROUP = NormConfig(mean_level="group", std_level="group")
 

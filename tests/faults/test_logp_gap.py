@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from lit_ppo.cli.compose import compose
+from lit_ppo.launch.compose import compose
 from lit_ppo.config import GenerationConfig, NormConfig, PPOActorConfig, RejectionSamplingConfig, RolloutConfig
 from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.training.guards import LogpGapCheck

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lit_ppo.cli.check import check_trainer_args
+from lit_ppo.launch.check import check_trainer_args
 from tests.faults.test_bad_input import error_of
 
 PREFIX = "cannot be honoured: lit_ppo steps its optimizers itself (Lightning's manual optimization), so it "

@@ -11,9 +11,9 @@ import torch
 import yaml
 
 from lit_ppo.__main__ import main
-from lit_ppo.cli.compose import compose
-from lit_ppo.cli.launch import evaluation_tree
-from lit_ppo.cli.lightning_cli import LitPPOCLI
+from lit_ppo.launch.compose import compose
+from lit_ppo.launch.run import evaluation_tree
+from lit_ppo.launch.lightning_cli import LitPPOCLI
 from lit_ppo.errors import ConfigError
 from lit_ppo.run.resume import CONFIG_STATE_KEY
 from lit_ppo.run.tracking import config_params
@@ -107,7 +107,7 @@ def test_names_that_cannot_work_are_refused_naming_the_one_to_use(capsys, args, 
 
 
 def test_suggestions_never_repeat_the_key():
-    from lit_ppo.cli.compose import _suggest
+    from lit_ppo.launch.compose import _suggest
 
     assert _suggest("model.model.lora_rank") == "" and _suggest("actor.eps_clip") == ""
     assert _suggest("model.model.lora_rnk") == " (did you mean model.model.lora_rank?)"

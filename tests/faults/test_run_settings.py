@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from lit_ppo.__main__ import main
-from lit_ppo.cli.check import check_config
-from lit_ppo.cli.compose import compose
+from lit_ppo.launch.check import check_config
+from lit_ppo.launch.compose import compose
 from lit_ppo.run.tracking import new_run_dir
 from tests.integration.conftest import run_cli
 
@@ -111,10 +111,10 @@ def test_an_in_memory_tracking_store_is_refused(capsys, tmp_path, monkeypatch, u
 
 
 def test_slurm_log_paths_with_spaces_are_quoted(tmp_path, monkeypatch, capsys):
-    import lit_ppo.cli.launch as cli_module
+    import lit_ppo.launch.run as launch_run
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli_module, "LitPPOCLI", None)  # nothing is instantiated
+    monkeypatch.setattr(launch_run, "LitPPOCLI", None)  # nothing is instantiated
     root = tmp_path / "my runs" / "50%"
     assert main(["fit", "logger=none", f"trainer.default_root_dir='{root}'", "scheduler=slurm",
                  "scheduler.dry_run=true"]) == 0

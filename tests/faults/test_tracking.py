@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from lit_ppo.cli.compose import compose
+from lit_ppo.launch.compose import compose
 from lit_ppo.training.record import RECORD_KEY, RUN_KEY
 from lit_ppo.run.mlflow_store import prepare_store
 from lit_ppo.run.tracking import _continued_run, create_run_dir, run_name

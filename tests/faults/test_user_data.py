@@ -16,7 +16,7 @@ import torch
 from lit_ppo.training.checkpoint_io import DIGEST_KEY, scan
 from lit_ppo.training.record import RECORD_KEY
 from lit_ppo.run.resume import check_resume
-from lit_ppo.cli.compose import compose
+from lit_ppo.launch.compose import compose
 from lit_ppo.errors import ConfigError
 from lit_ppo.config import GenerationConfig
 from lit_ppo.training.datamodule import RolloutDataModule
@@ -27,7 +27,7 @@ from lit_ppo.tasks import ArithmeticTask, CalculatorTask
 from tests.faults.test_bad_input import error_of
 from tests.integration.conftest import run_cli
 from tests.unit.fakes import FakeEngineBase
-from tests.unit.test_dataset_task import DigitTokenizer, GroupEngine
+from tests.unit.tasks.test_dataset import DigitTokenizer, GroupEngine
 
 RECORDING_REWARD = textwrap.dedent('''
     def record(prompts, completions, answer, note, **columns):

@@ -3,6 +3,7 @@ its resume, which goes on deleting the oldest of the run's checkpoints; 0 keeps 
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import torch
@@ -19,7 +20,10 @@ def kept(directory: Path) -> dict[str, int]:
             for p in sorted((directory / "checkpoints").glob("*.ckpt"))}
 
 
-def test_the_newest_checkpoints_are_kept_across_a_resume(cli_here):
+def test_the_newest_checkpoints_are_kept_across_a_resume(cli_here, tmp_path, monkeypatch):
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where the run's config YAML is written, then removed
     first = cli_here("fit", *TINY, "checkpoint.keep=2", "trainer.max_steps=7")
     assert first.returncode == 0, first.stderr[-3000:]
     directory = run_dir(cli_here.cwd)
@@ -29,6 +33,7 @@ def test_the_newest_checkpoints_are_kept_across_a_resume(cli_here):
                      "--ckpt_path", str(directory / "checkpoints" / "last.ckpt"))
     assert again.returncode == 0, again.stderr[-3000:]
     assert kept(directory) == {"epoch=0-step=8.ckpt": 8, "epoch=0-step=10.ckpt": 10, "last.ckpt": 10}
+    assert list(temp.glob("lit_ppo_*")) == []  # neither the fit nor its resume left its config file
 
 
 def test_keep_0_leaves_last_ckpt_alone(cli_here):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_ppo.cli.presets import group_options
+from lit_ppo.launch.presets import group_options
 
 from .conftest import FAST, run_dir
 

@@ -36,7 +36,7 @@ def test_fit_on_a_local_model_dir_without_chat_template(tmp_path):
 
 
 def test_model_dir_is_model_source(tmp_path, monkeypatch):
-    from lit_ppo.cli.compose import compose
+    from lit_ppo.launch.compose import compose
 
     model_dir = _tiny_dir(tmp_path)
     monkeypatch.chdir(tmp_path)

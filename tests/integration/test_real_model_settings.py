@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 import lit_ppo
-from lit_ppo.cli.compose import compose, real_model_note
+from lit_ppo.launch.compose import compose, real_model_note
 from tests.faults.test_bad_input import error_of
 from tests.integration.test_own_model import _tiny_dir
 

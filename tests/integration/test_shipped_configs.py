@@ -11,8 +11,8 @@ import shlex
 import pytest
 import yaml
 
-from lit_ppo.cli.check import check_config
-from lit_ppo.cli.presets import conf_dir, group_options
+from lit_ppo.launch.check import check_config
+from lit_ppo.launch.presets import conf_dir, group_options
 
 from ..conftest import with_smollm2
 from .conftest import REPO, run_cli
@@ -118,7 +118,7 @@ def _env(work) -> dict:
 def _model_and_engine(args: list[str]) -> tuple[str | None, str | None]:
     """The model source and rollout engine a command's config composes to (a recipe sets both), or
     None for a command that composes none (``--config``, export)."""
-    from lit_ppo.cli.compose import compose
+    from lit_ppo.launch.compose import compose
 
     if args[0] != "fit" or "--config" in args:
         return None, None

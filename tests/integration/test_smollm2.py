@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from lit_ppo.models import loading
+from lit_ppo.models import sources
 from lit_ppo.models import load_causal_lm, token_logprobs
 from lit_ppo.models.sampling import sampling_logprobs
 
@@ -25,7 +25,7 @@ def test_smollm2_converts_once_and_generates(smollm2_cache, monkeypatch):
     def no_conversion(_out):
         raise AssertionError("converted again although the cache entry exists")
 
-    monkeypatch.setattr(loading, "_convert_smollm2", no_conversion)
+    monkeypatch.setattr(sources, "_convert_smollm2", no_conversion)
     start = time.perf_counter()
     model, tok = load_causal_lm("smollm2", cache)
     loaded = time.perf_counter() - start

@@ -14,7 +14,7 @@ from lit_ppo.training.module import LitPPO
 from lit_ppo.config import ModelConfig  # noqa: E402
 
 from .conftest import FAST  # noqa: E402
-from ..unit.test_vllm_engine import tied_tiny  # noqa: E402
+from ..unit.rollout.test_vllm_engine import tied_tiny  # noqa: E402
 from .test_training import GROUP, fit, make  # noqa: E402
 
 pytestmark = pytest.mark.slow

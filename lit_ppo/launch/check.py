@@ -1,0 +1,228 @@
+"""The checks of a LightningCLI config that run before anything is instantiated (no model loads), each
+mistake one line naming the key the user typed and what is allowed: the config sections (built as the
+run builds them, the task's data included), the seeds, the logger and its run name, and Lightning's own
+arguments (names, ``max_steps``, the accelerator / devices / strategy / precision combination on this
+machine, the callbacks). Every front door's ``fit``, ``validate`` and ``test`` (whatever their input), and
+each combination of a ``sweep``, come here through ``lit_ppo.launch.run.check``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import warnings
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.accelerators import AcceleratorRegistry
+
+from lit_ppo.algos.checks import check_names
+from lit_ppo.launch.presets import EVALUATING
+from lit_ppo.config import check_value, type_hints, typed_key
+from lit_ppo.config.keys import foreign_key_hint
+from lit_ppo.config.sections import actor_rollout_problem, check_sections
+from lit_ppo.errors import ConfigError
+from lit_ppo.models import MODEL_SOURCES, model_dir_problem
+from lit_ppo.rollout.workflows import task_name
+from lit_ppo.run.tracking import RANK_ENV, run_name
+from lit_ppo.training.datamodule import RolloutDataModule
+from lit_ppo.utils.imports import import_object
+from lit_ppo.utils.text import did_you_mean
+
+NAME_MAX = 255
+"""Bytes in one file name: the run directory's, ``<run name>-YYYYmmdd-HHMMSS`` (``-N`` on a collision)."""
+
+
+def _check_logger(trainer: dict) -> None:
+    """``logger.init_args.*`` on top of ``logger=none`` (no logger to give them to)."""
+    logger = trainer.get("logger")
+    if isinstance(logger, dict) and "class_path" not in logger:
+        key = "logger." + next(iter(logger), "init_args")
+        raise ConfigError(f"{key} is given without a logger (logger=none): choose one, logger=mlflow, csv or "
+                          f"tensorboard, or drop {key}")
+
+
+def _check_run_names(trainer: dict) -> None:
+    """A logger's run name must leave the run directory's name, ``<run name>-YYYYmmdd-HHMMSS``, within
+    one file name (with room for the ``-N`` of a collision)."""
+    loggers = trainer.get("logger")
+    stamp = len(run_name("x")) - 1
+    longest = NAME_MAX - stamp - len("-99")
+    for spec in loggers if isinstance(loggers, list) else [loggers]:
+        name = (spec.get("init_args") or {}).get("run_name") if isinstance(spec, dict) else None
+        if name is None:
+            continue
+        length = len(run_name(str(name)).encode()) - stamp  # as the directory spells it
+        if length > longest:
+            shown = str(name)[:24] + "..."
+            raise ConfigError(f"logger.init_args.run_name={shown} is invalid: must be at most {longest} characters "
+                              f"(it has {length}): the run directory, <run name>-YYYYmmdd-HHMMSS, is one file name "
+                              f"of at most {NAME_MAX} bytes")
+
+
+def check_config(tree: dict, subcommand: str = "fit") -> None:
+    """Check a LightningCLI tree for ``subcommand`` before anything is instantiated (no model is loaded)."""
+    actor, _, model_cfg, gconfig, eval_cfg = check_sections(tree, check_actor=check_names)
+    if model_cfg.source not in MODEL_SOURCES:
+        problem = model_dir_problem(model_cfg.source)
+        if problem is not None:
+            raise ConfigError(f"model.source={model_cfg.source} {problem}")
+    data = dict(tree.get("data") or {})
+    allowed = list(inspect.signature(RolloutDataModule.__init__).parameters)[1:]
+    for name in data:
+        if name not in allowed:
+            hint = foreign_key_hint(f"data.{name}") or did_you_mean(name, allowed, prefix="data.")
+            raise ConfigError(f"data.{name} is not a key{hint}; allowed: {', '.join(allowed)}")
+    hints = type_hints(RolloutDataModule.__init__)
+    for name, value in data.items():
+        if name not in ("gconfig", "eval"):  # configs of their own, checked as they are built
+            try:
+                check_value(typed_key(f"data.{name}"), value, hints[name])
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+    try:  # builds the task (its data, not a model): bad task settings fail here
+        datamodule = RolloutDataModule(**{**data, "gconfig": gconfig, "eval": eval_cfg})
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
+    if subcommand in EVALUATING and datamodule.eval_problem_count() == 0:
+        raise ConfigError(f"{subcommand}: task {task_name(datamodule.task)!r} has no test problems to score "
+                          f"(eval.max_problems={datamodule.eval.max_problems}; a dataset task takes "
+                          f"data.task_kwargs.test_path or test_fraction)")
+    problem = actor_rollout_problem(actor, gconfig.temperature, datamodule.rollout.max_head_offpolicyness)
+    if problem:
+        raise ConfigError(problem)
+    if actor.reward_norm is not None and actor.reward_norm.mean_level == "group" and gconfig.n_samples == 1:
+        warnings.warn("actor.reward_norm.mean_level=group with gconfig.n_samples=1: singleton group centering "
+                      "erases the task reward", UserWarning, stacklevel=2)
+    _check_logger(tree.get("trainer") or {})
+    check_trainer_args(tree.get("trainer") or {})
+    _check_launch_environment(tree.get("trainer") or {})
+    if subcommand == "fit":
+        _check_run_names(tree.get("trainer") or {})
+
+
+def _check_launch_environment(trainer: dict) -> None:
+    """A process rank other than 0 (or a world of several processes) left in the environment by another
+    launch, for a config that runs one process: Lightning would take this process for that rank, keep it
+    from logging, and lit_ppo would write no run for it."""
+    devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1)
+    one = nodes == 1 and (len(devices) == 1 if isinstance(devices, list) else devices in (1, "1") or (
+        devices == "auto" and trainer.get("accelerator") == "cpu"))
+    if not one:
+        return
+    ranks = [f"{name}={os.environ[name]}" for name in RANK_ENV if os.environ.get(name, "0") not in ("", "0")]
+    world = [f"WORLD_SIZE={os.environ['WORLD_SIZE']}"] if os.environ.get("WORLD_SIZE", "1") not in ("", "1") else []
+    if ranks or world:
+        what = ("a rank other than 0, which Lightning keeps from logging and lit_ppo from writing its run" if ranks
+                else "one process of several (the vLLM engine would wait for an external launcher)")
+        raise ConfigError(f"{', '.join(ranks + world)} in the environment, left by another launch, would make this "
+                          f"one-process run (trainer.devices={devices}, trainer.num_nodes={nodes}) {what}: unset "
+                          f"{' '.join(v.split('=')[0] for v in ranks + world)}")
+
+
+_DEVICE_KEYS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
+"""Trainer arguments whose combination only Lightning's accelerator connector can judge, in the order
+they are added to a probe Trainer (the first whose addition fails is the key to blame)."""
+
+
+MANUAL_OPTIMIZATION_SETTINGS = {
+    "gradient_clip_val": ((None, 0, 0.0), "so it clips with actor.optimizer.gradient_clipping (and "
+                                          "critic.optimizer.gradient_clipping): set those"),
+    "gradient_clip_algorithm": ((None,), "so it clips the global norm to actor.optimizer.gradient_clipping (and "
+                                         "critic.optimizer.gradient_clipping): set those"),
+    "accumulate_grad_batches": ((1,), "so it splits each iteration's batch into actor.ppo_n_minibatches optimizer "
+                                      "steps, each accumulated over micro-batches of at most actor.mb_max_tokens "
+                                      "tokens: set those"),
+}
+"""Trainer arguments that Lightning's automatic optimization applies, which lit_ppo's manual steps cannot honour:
+argument -> (the values that ask nothing of it, lit_ppo's own setting)."""
+
+
+def check_trainer_args(trainer: dict) -> None:
+    """Check Lightning's own arguments without building a model: names, ``max_steps``, the
+    accelerator / devices / strategy / precision combination on this machine, and the callbacks."""
+    allowed = list(inspect.signature(L.Trainer.__init__).parameters)[1:]
+    for name in trainer:
+        if name not in allowed:
+            raise ConfigError(f"trainer.{name} is not a key"
+                              f"{foreign_key_hint(name) or did_you_mean(name, allowed, prefix='trainer.')}")
+    for name, value in trainer.items():
+        if name in MANUAL_OPTIMIZATION_SETTINGS and value not in MANUAL_OPTIMIZATION_SETTINGS[name][0]:
+            raise ConfigError(f"trainer.{name}={value!r} cannot be honoured: lit_ppo steps its optimizers itself "
+                              f"(Lightning's manual optimization), {MANUAL_OPTIMIZATION_SETTINGS[name][1]}")
+    max_steps = trainer.get("max_steps", -1)
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or (max_steps < 1 and max_steps != -1):
+        raise ConfigError(f"trainer.max_steps={max_steps!r} is invalid: must be a positive integer (RL iterations) "
+                          f"or -1 (no limit)")
+    _check_devices(trainer)
+    for i, spec in enumerate(trainer.get("callbacks") or []):
+        _check_callback(i, spec)
+
+
+def _check_devices(trainer: dict) -> None:
+    """The accelerator by name and availability here, then the device keys as Lightning's Trainer takes them."""
+    accelerator = trainer.get("accelerator", "auto")
+    if isinstance(accelerator, str) and accelerator != "auto":
+        known = sorted(AcceleratorRegistry.available_accelerators() | {"gpu"})
+        if accelerator not in known:
+            raise ConfigError(f"trainer.accelerator={accelerator} is invalid: must be one of auto, {', '.join(known)}")
+        if not _available(AcceleratorRegistry, "cuda" if accelerator == "gpu" else accelerator):
+            here = sorted(a for a in AcceleratorRegistry.available_accelerators() if _available(AcceleratorRegistry, a))
+            raise ConfigError(f"trainer.accelerator={accelerator} is not available on this machine: available: "
+                              f"auto, {', '.join(here)}")
+    probe: dict[str, Any] = {}
+    quiet = logging.getLogger("lightning.pytorch")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # the probe's "GPU available: ..." lines are printed by the real run
+    try:
+        for key in _DEVICE_KEYS:
+            if key not in trainer or (key == "strategy" and not isinstance(trainer[key], str)):
+                continue
+            probe[key] = trainer[key]
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                              enable_model_summary=False, **probe)
+            except Exception as e:  # MisconfigurationException, ValueError, TypeError, ModuleNotFoundError
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ConfigError(f"trainer.{key}={trainer[key]!r} is invalid here: {reason}") from None
+    finally:
+        quiet.setLevel(level)
+
+
+def _available(registry, name: str) -> bool:
+    try:
+        return bool(registry.get(name).is_available())
+    except Exception:  # e.g. the TPU accelerator raises when torch_xla is not installed
+        return False
+
+
+def _check_callback(index: int, spec: Any) -> None:
+    """The ``class_path`` / ``init_args`` callback ``spec`` of ``trainer.callbacks``: its class imports, takes
+    those arguments and accepts their values."""
+    key = f"trainer.callbacks.{index}"
+    if not isinstance(spec, dict) or "class_path" not in spec:
+        return  # jsonargparse reports other forms with their types
+    try:
+        cls = import_object(str(spec["class_path"]), f"{key}.class_path", "Class")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    init_args = spec.get("init_args") or {}
+    parameters = inspect.signature(cls.__init__).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        names = [n for n in parameters if n != "self"]
+        for name in init_args:
+            if name not in names:
+                raise ConfigError(f"{key}.init_args.{name} is not an argument of {cls.__name__}"
+                                  f"{did_you_mean(name, names)}; allowed: {', '.join(names)}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cls(**init_args)
+    except TypeError:
+        pass  # a value of the wrong type: the argument parser names the key and the expected type
+    except Exception as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{key} ({cls.__name__}) is invalid: {reason}") from None

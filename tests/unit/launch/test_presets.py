@@ -1,0 +1,255 @@
+"""The shipped presets of ``conf/`` (``lit_ppo.launch.presets``, composed by ``lit_ppo.launch.compose``).
+
+Every algorithm preset composes, and its advantages on a fixed batch equal its paper's formula.
+The batch: 2 prompt groups of 3 samples; rows have 2, 3 or 1 generated tokens after a 2-token
+prompt. Outcome rewards r = [1, 0, 1 | 0, 0, 1]. Each expected value is computed here from the
+formula with plain Python, not from lit_ppo.algos.
+
+Trainer presets: the same `trainer=ddp` / `trainer=fsdp` command suits a CPU machine (2 gloo
+processes, fp32) and a GPU machine (every visible GPU, NCCL, bf16-mixed); `trainer=gpu` is one GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import yaml
+
+from lit_ppo.algos import compute_advantages
+from lit_ppo.launch.compose import compose
+from lit_ppo.launch.presets import conf_dir, group_options
+from lit_ppo.config import PPOActorConfig
+
+REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+GROUPS = [[0, 1, 2], [3, 4, 5]]
+LENGTHS = [2, 3, 1, 3, 2, 2]  # generated tokens per row
+T = 6  # 2 prompt tokens + up to 3 generated + 1 padding
+
+
+def batch_mask() -> torch.Tensor:
+    mask = torch.zeros(len(LENGTHS), T, dtype=torch.bool)
+    for b, n in enumerate(LENGTHS):
+        mask[b, 2:2 + n] = True
+    return mask
+
+
+def actor_of(preset: str) -> PPOActorConfig:
+    tree = compose([f"algo={preset}", "logger=none"])
+    return PPOActorConfig(**tree["model"]["actor"])
+
+
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+def std_unbiased(xs, mu):
+    return math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def token_batch_zscore(per_row: list[float], eps: float = 1e-5) -> list[float]:
+    """adv_norm batch/batch: every generated token is one sample (token-weighted mean and std)."""
+    tokens = [v for v, n in zip(per_row, LENGTHS) for _ in range(n)]
+    mu = mean(tokens)
+    sd = std_unbiased(tokens, mu)
+    return [(v - mu) / (sd + eps) for v in per_row]
+
+
+def group_zscore(eps: float = 1e-5) -> list[float]:
+    out = [0.0] * len(REWARDS)
+    for g in GROUPS:
+        rs = [REWARDS[i] for i in g]
+        mu = mean(rs)
+        sd = std_unbiased(rs, mu)
+        for i in g:
+            out[i] = (REWARDS[i] - mu) / (sd + eps)
+    return out
+
+
+def advantages_of(cfg: PPOActorConfig, **kwargs) -> torch.Tensor:
+    mask = batch_mask()
+    adv = compute_advantages(torch.tensor(REWARDS), mask, cfg, group_sizes=[3, 3], **kwargs).advantages
+    assert (adv[~mask] == 0).all()
+    return adv
+
+
+def assert_rows(adv: torch.Tensor, per_row: list[float]) -> None:
+    """Outcome-reward algorithms without a critic broadcast one value to every generated token."""
+    mask = batch_mask()
+    expected = torch.zeros_like(adv)
+    for b, v in enumerate(per_row):
+        expected[b, mask[b]] = v
+    torch.testing.assert_close(adv, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_every_algo_preset_composes_into_a_valid_actor():
+    presets = group_options("algo")
+    assert set(presets) >= {"ppo", "grpo", "drgrpo", "liteppo", "rloo", "gspo", "dapo", "dapo_dynamic_bs", "sapo",
+                            "icepop", "kpop"}
+    for preset in presets:
+        tree = compose([f"algo={preset}", "logger=none"])
+        assert tree["model"]["algo"] == preset
+        PPOActorConfig(**tree["model"]["actor"])
+
+
+@pytest.mark.parametrize("preset", ["grpo", "gspo", "sapo", "icepop", "kpop"])
+def test_grpo_family_group_zscore_then_token_batch_zscore(preset):
+    assert_rows(advantages_of(actor_of(preset)), token_batch_zscore(group_zscore()))
+
+
+def test_drgrpo_group_mean_only_no_std():
+    # A_i = r_i - mean(group): group 1 mean 2/3, group 2 mean 1/3.
+    expected = [1 - 2 / 3, -2 / 3, 1 - 2 / 3, -1 / 3, -1 / 3, 1 - 1 / 3]
+    assert_rows(advantages_of(actor_of("drgrpo")), expected)
+
+
+def test_rloo_leave_one_out_baseline():
+    # A_i = r_i - mean_{j != i} r_j
+    expected = []
+    for g in GROUPS:
+        for i in g:
+            others = [REWARDS[j] for j in g if j != i]
+            expected.append(REWARDS[i] - mean(others))
+    assert expected == pytest.approx([0.5, -1.0, 0.5, -0.5, -0.5, 1.0])
+    assert_rows(advantages_of(actor_of("rloo")), expected)
+
+
+def test_liteppo_group_mean_batch_std_of_residuals():
+    residuals = []
+    for g in GROUPS:
+        mu = mean([REWARDS[i] for i in g])
+        residuals += [REWARDS[i] - mu for i in g]
+    sd = math.sqrt(sum(r * r for r in residuals) / (len(residuals) - 1))  # std around the group means
+    assert_rows(advantages_of(actor_of("liteppo")), [r / (sd + 1e-5) for r in residuals])
+
+
+def test_dapo_overlong_penalty_then_group_and_batch_zscore():
+    cfg = actor_of("dapo")
+    assert (cfg.eps_clip, cfg.eps_clip_higher) == (0.2, 0.28)
+    # The arithmetic budget is 4 tokens and the buffer a quarter of it: L_ov = 1, so only a row of
+    # 4 tokens would be penalised. Use a budget of 3 here: rows with 3 tokens lose (3 - 2) / 1 = 1.
+    cfg = PPOActorConfig(**{**compose(["algo=dapo", "logger=none"])["model"]["actor"], "max_new_tokens": 3})
+    penalised = [r - (1.0 if n == 3 else 0.0) for r, n in zip(REWARDS, LENGTHS)]
+    z = [0.0] * 6
+    for g in GROUPS:
+        rs = [penalised[i] for i in g]
+        mu, sd = mean(rs), std_unbiased(rs, mean(rs))
+        for i in g:
+            z[i] = (penalised[i] - mu) / (sd + 1e-5)
+    assert_rows(advantages_of(cfg), token_batch_zscore(z))
+
+
+def test_dapo_presets_filter_and_batch_mode():
+    fixed = compose(["algo=dapo", "logger=none"])["data"]
+    dynamic = compose(["algo=dapo_dynamic_bs", "logger=none"])["data"]
+    assert fixed["dynamic_filter_fn"] == dynamic["dynamic_filter_fn"] == "lit_ppo.rollout.filters.mixed_outcomes"
+    assert (fixed["dynamic_bs"], dynamic["dynamic_bs"]) == (False, True)
+
+
+def test_ppo_gae_with_critic_values_then_batch_zscore():
+    cfg = actor_of("ppo")
+    assert compose(["algo=ppo", "logger=none"])["model"]["critic"] is not None
+    mask = batch_mask()
+    values = torch.arange(6 * T, dtype=torch.float32).reshape(6, T) / 50.0
+    # gamma = lambda = 1, terminal reward, rows end with EOS (bootstrap 0): A_t = R - V_t.
+    raw = torch.zeros(6, T)
+    for b in range(6):
+        raw[b, mask[b]] = REWARDS[b] - values[b, mask[b]]
+    tokens = raw[mask].double()
+    expected = torch.where(mask, (raw - tokens.mean()) / (tokens.std() + 1e-5), 0.0)
+    adv = advantages_of(cfg, values=values, final_values=torch.zeros(6))
+    torch.testing.assert_close(adv, expected.float(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("option,metric", [("icepop", "ratio"), ("kpop", "binary_kl")])
+def test_rejection_group_adds_the_mask_to_any_preset(option, metric):
+    tree = compose(["algo=rloo", f"rejection={option}", "logger=none"])
+    cfg = PPOActorConfig(**tree["model"]["actor"])
+    assert cfg.use_decoupled_loss and cfg.rejection_sampling.metric == metric
+    assert cfg.reward_norm.mean_leave1out  # the preset's own settings are kept
+
+
+def callback_args(tree: dict, class_name: str) -> dict:
+    (args,) = [c["init_args"] for c in tree["trainer"]["callbacks"] if c["class_path"].endswith(class_name)]
+    return args
+
+
+@pytest.mark.parametrize("recipe", [r for r in group_options("recipe") if r != "none"])
+def test_a_recipe_sets_every_section_it_names_and_the_command_line_still_wins(recipe):
+    """conf/config.yaml's own defaults (checkpoint, samples, seed) must not override a recipe's."""
+    def written(name: str, section: str) -> dict:
+        """The section as the recipe's YAML writes it, over the recipes it extends, over conf/config.yaml."""
+        data = yaml.safe_load((conf_dir() / "recipe" / f"{name}.yaml").read_text())
+        parents = [d for d in data.get("defaults", []) if isinstance(d, str) and d != "_self_"]
+        base = written(parents[0], section) if parents else yaml.safe_load(
+            (conf_dir() / "config.yaml").read_text())[section]
+        return {**base, **data.get(section, {})}
+
+    checkpoint, samples = written(recipe, "checkpoint"), written(recipe, "samples")
+    tree = compose([f"recipe={recipe}", "logger=none"])
+    ckpt = callback_args(tree, "ModelCheckpoint")
+    assert (ckpt["every_n_train_steps"], ckpt["save_top_k"]) == (checkpoint["every_n_iterations"], checkpoint["keep"])
+    shown = callback_args(tree, "CompletionSamples")
+    assert (shown["every_n_steps"], shown["num_samples"]) == (samples["every_n_iterations"], samples["count"])
+    tree = compose([f"recipe={recipe}", "logger=none", "checkpoint.keep=5", "samples.count=2", "seed=3"])
+    assert callback_args(tree, "ModelCheckpoint")["save_top_k"] == 5
+    assert callback_args(tree, "CompletionSamples")["num_samples"] == 2
+    assert tree["seed_everything"] == 3 and tree["data"]["seed"] == 3
+
+
+def test_groups_without_signal_get_a_positive_advantage_under_batch_normalisation():
+    """docs/algorithms.md#dynamic-sampling-and-dynamic-batch-size: one group of a right answer (40 tokens) and
+    seven wrong ones (90), beside three all-wrong groups (90 tokens each). The expected values are the two
+    z-scores written out here: group (unbiased std), then token-weighted batch."""
+    lengths, rewards = [40] + [90] * 31, [1.0] + [0.0] * 31
+    group = [(r - 1 / 8) / (math.sqrt((7 / 8) ** 2 / 7 + 7 * (1 / 8) ** 2 / 7) + 1e-5) if i < 8 else 0.0
+             for i, r in enumerate(rewards)]
+    tokens = [a for a, n in zip(group, lengths) for _ in range(n)]
+    mu = mean(tokens)
+    sd = std_unbiased(tokens, mu)
+    expected = [(a - mu) / (sd + 1e-5) for a in group]
+    mask = torch.zeros(32, 96, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        mask[b, :n] = True
+    cfg = PPOActorConfig(**compose(["algo=grpo", "logger=none"])["model"]["actor"])
+    adv = compute_advantages(torch.tensor(rewards), mask, cfg, group_sizes=[8] * 4).advantages
+    assert [round(float(adv[b, 0]), 2) for b in (0, 1, 8)] == [7.51, -0.92, 0.13]
+    torch.testing.assert_close(adv[:, 0], torch.tensor(expected, dtype=torch.float32), atol=1e-4, rtol=1e-4)
+    assert round(float(adv[0].sum())) == 300 and round(float(adv[8:].sum())) == 282
+
+
+# ---------------------------------------------------------------- trainer presets
+
+FSDP_STRATEGY = {"class_path": "lit_ppo.training.fsdp.FSDP2Strategy"}
+
+
+def trainer_of(option: str) -> dict:
+    return compose([f"trainer={option}"])["trainer"]
+
+
+@pytest.mark.parametrize("option, strategy", [("ddp", "ddp"), ("fsdp", FSDP_STRATEGY)])
+def test_multi_process_presets_on_cpu_are_two_gloo_ranks_in_fp32(monkeypatch, option, strategy):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    trainer = trainer_of(option)
+    assert (trainer["accelerator"], trainer["devices"], trainer["precision"]) == ("cpu", 2, "32-true")
+    assert trainer["strategy"] == strategy
+
+
+@pytest.mark.parametrize("option, strategy", [("ddp", "ddp"), ("fsdp", FSDP_STRATEGY)])
+def test_multi_process_presets_on_gpu_take_every_visible_gpu_in_bf16(monkeypatch, option, strategy):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    trainer = trainer_of(option)
+    assert (trainer["accelerator"], trainer["devices"], trainer["precision"]) == ("gpu", "auto", "bf16-mixed")
+    assert trainer["strategy"] == strategy
+
+
+def test_gpu_preset_is_one_gpu_in_bf16_mixed():
+    trainer = trainer_of("gpu")
+    assert (trainer["accelerator"], trainer["devices"], trainer["precision"]) == ("gpu", 1, "bf16-mixed")
+
+
+def test_a_key_override_beats_the_machine_default(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    trainer = compose(["trainer=fsdp", "trainer.devices=4", "trainer.precision=32-true"])["trainer"]
+    assert (trainer["devices"], trainer["precision"]) == (4, "32-true")
