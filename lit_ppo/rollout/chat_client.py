@@ -72,10 +72,12 @@ class EngineChatClient:
         max_model_len: the most tokens a sequence may hold (prompt and completion).
         tool_format: ``hermes``, ``json`` or ``auto`` (``lit_ppo.rollout.tool_calls.detect_format``).
         model: the name the completions report.
+        engine_lock: the lock every client of ``engine`` holds while it samples (an engine serves one
+            request at a time); None: a lock of this client's own.
     """
 
     def __init__(self, engine: RolloutEngine, tokenizer, params: SamplingParams, max_model_len: int,
-                 tool_format: str = "auto", model: str = "lit_ppo-policy"):
+                 tool_format: str = "auto", model: str = "lit_ppo-policy", engine_lock: threading.Lock | None = None):
         if tool_format != "auto" and tool_format not in FORMATS:
             raise ValueError(f"tool_format={tool_format!r} is invalid: must be auto, {', '.join(FORMATS)}")
         self.engine = engine
@@ -94,12 +96,21 @@ class EngineChatClient:
         self.drifted_calls = 0
         """Calls that extended an earlier call's messages but whose template renders it differently."""
         self._calls = itertools.count()
-        self._lock = threading.Lock()  # an engine samples one request at a time
+        self._lock = engine_lock or threading.Lock()
+        self.closed = False
+        """The episode has ended: calls are refused and nothing more is recorded."""
         self.chat = _Chat(self)
+
+    def close(self) -> None:
+        """End the episode: later calls are refused, and a call still sampling records nothing."""
+        self.closed = True
 
     # ------------------------------------------------------------------ the request
     def create(self, **request: Any) -> ChatCompletion:
         """``chat.completions.create``: see the class and the module docstrings."""
+        if self.closed:
+            raise ValueError("chat.completions.create: the episode has ended (its agent returned or ran past its "
+                             "timeout): a call after that trains nothing")
         unknown = sorted(k for k, v in request.items() if k not in HONOURED and not _not_given(v))
         if unknown:
             raise ValueError(f"chat.completions.create: {unknown[0]} cannot be honoured by the rollout engine; "
@@ -134,11 +145,12 @@ class EngineChatClient:
                              f"shorten the messages or lower max_tokens")
         with self._lock:
             (completions,) = self.engine.generate([prompt_ids], params)
-        choices = []
-        for index, completion in enumerate(completions):
-            message, reason = self._message(completion, names, call, index)
-            self._record(extended, messages, prompt_ids, completion, message)
-            choices.append(Choice(index=index, message=message, finish_reason=reason))
+            choices = []
+            for index, completion in enumerate(completions):
+                message, reason = self._message(completion, names, call, index)
+                if not self.closed:
+                    self._record(extended, messages, prompt_ids, completion, message)
+                choices.append(Choice(index=index, message=message, finish_reason=reason))
         generated = sum(len(c.token_ids) for c in completions)
         return ChatCompletion(id=f"chatcmpl-{call}", object="chat.completion", created=int(time.time()),
                               model=self.model, choices=choices,

@@ -1,0 +1,195 @@
+"""Episodes played by an agent: an ordinary function of an OpenAI-compatible client and a problem,
+``def solve(client, problem)`` or ``async def solve(client, problem)``, returning the episode's reward.
+The client (``lit_ppo.rollout.chat_client``) samples with the rollout engine and records every call on
+token ids, so the agent's own code, written against the ``openai`` SDK, is what trains.
+
+``params.n`` episodes per problem, at most ``episodes_in_flight`` at once, each with a fresh client and
+``timeout_s`` seconds. Each token sequence of an episode is a sample (one when every call continued the
+previous one; more where the agent started a new conversation or the template rendered earlier turns
+differently, ``drifted_calls``): every sample of an episode carries the episode's reward, and a
+problem's group holds the samples of all its episodes. An agent that raises, runs past its timeout,
+returns something that is not a reward or never calls the client fails its episode in one line naming
+the agent, the problem and what to do; ``on_invalid_reward`` decides: stop the run ('error'), or drop
+the problem's group ('drop').
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import threading
+from dataclasses import replace
+from typing import Any, Protocol, runtime_checkable
+
+from lit_ppo.config.rollout import check_invalid_reward_action
+from lit_ppo.errors import RunStopped
+from lit_ppo.rollout.batch import RolloutBatch
+from lit_ppo.rollout.chat_client import EngineChatClient
+from lit_ppo.rollout.engine import Completion, RolloutEngine, SamplingParams
+from lit_ppo.rollout.workflows import Episode, checked_reward, episodes_to_batch, task_name, turn_seed
+from lit_ppo.tasks.base import Problem, Task
+
+
+@runtime_checkable
+class AgentTask(Task, Protocol):
+    """A task whose episodes an agent plays (``AgentWorkflow`` runs them)."""
+
+    def agent(self, client: EngineChatClient, problem: Problem) -> Any:
+        """Play one episode of ``problem`` through ``client`` (``client.chat.completions.create``); the
+        episode's reward, or an awaitable of it."""
+
+
+def is_agent(task: Task) -> bool:
+    """Whether ``task`` is an ``AgentTask`` (it has a callable ``agent``)."""
+    return callable(getattr(task, "agent", None))
+
+
+class AgentFailed(Exception):
+    """An episode the agent did not finish: its one line."""
+
+
+class AgentWorkflow:
+    """Episodes of an ``AgentTask``'s agent, laid out as a ``RolloutBatch`` (see the module docstring).
+
+    Args:
+        tokenizer: the policy's tokenizer, with a chat template.
+        task: an ``AgentTask``.
+        params: the rollout's sampling parameters (``params.n`` episodes per problem).
+        max_model_len: the most tokens one sequence may hold.
+        episodes_in_flight: the most episodes played at once.
+        timeout_s: seconds an episode may take.
+        tool_format: the tool-call format of the client (``hermes``, ``json`` or ``auto``).
+        on_invalid_reward: what a failed episode does: 'error' stops the run, 'drop' drops its group.
+    """
+
+    def __init__(self, tokenizer, task: AgentTask, params: SamplingParams, max_model_len: int, *,
+                 episodes_in_flight: int = 32, timeout_s: float = 300.0, tool_format: str = "auto",
+                 on_invalid_reward: str = "error"):
+        if not is_agent(task):
+            raise TypeError(f"task {task_name(task)!r} has no agent(client, problem): it is not an agent task")
+        check_invalid_reward_action(on_invalid_reward)
+        if isinstance(episodes_in_flight, bool) or not isinstance(episodes_in_flight, int) or episodes_in_flight < 1:
+            raise ValueError(f"episodes_in_flight={episodes_in_flight!r} is invalid: must be a positive integer")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s={timeout_s!r} is invalid: must be a number > 0")
+        self.tokenizer = tokenizer
+        self.task = task
+        self.params = params
+        self.max_model_len = max_model_len
+        self.episodes_in_flight = episodes_in_flight
+        self.timeout_s = float(timeout_s)
+        self.tool_format = tool_format
+        self.on_invalid_reward = on_invalid_reward
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.drifted_calls = 0
+        """Calls of the latest ``run`` that started a sample of their own (``EngineChatClient.drifted_calls``)."""
+
+    def run(self, engine: RolloutEngine, problems: list[Problem], *, seed: int | None = None) -> RolloutBatch:
+        """Play ``params.n`` episodes per problem and lay their samples out, grouped by problem."""
+        base_seed = self.params.seed if seed is None else seed
+        plays = [(problem, i * self.params.n + k) for i, problem in enumerate(problems) for k in range(self.params.n)]
+        results = asyncio.run(self._play_all(engine, plays, base_seed))
+        self.drifted_calls = sum(client.drifted_calls for client, _ in results)
+        episodes, group_sizes = [], []
+        for i, problem in enumerate(problems):
+            group = []
+            for client, reward in results[i * self.params.n:(i + 1) * self.params.n]:
+                for episode in client.episodes() or [_empty(problem)]:
+                    episode.reward = reward
+                    episode.completion = self._completion(episode)
+                    group.append(episode)
+            episodes += group
+            group_sizes.append(len(group))
+        return episodes_to_batch(episodes, group_sizes, self.pad_id)
+
+    async def _play_all(self, engine: RolloutEngine, plays: list[tuple[Problem, int]],
+                        seed: int | None) -> list[tuple[EngineChatClient, float]]:
+        slots = asyncio.Semaphore(self.episodes_in_flight)
+        engine_lock = threading.Lock()
+
+        async def play(problem: Problem, index: int) -> tuple[EngineChatClient, float]:
+            params = replace(self.params, n=1, seed=turn_seed(seed, index))
+            client = EngineChatClient(engine, self.tokenizer, params, self.max_model_len, self.tool_format,
+                                      engine_lock=engine_lock)
+            async with slots:
+                try:
+                    value = await asyncio.wait_for(self._played(client, problem), self.timeout_s)
+                    if not client.episodes():
+                        raise AgentFailed("made no call to the client (nothing to train on)")
+                except AgentFailed as e:
+                    return client, self._failed(problem, str(e))
+                except asyncio.TimeoutError:
+                    return client, self._failed(problem, f"ran past its timeout of {self.timeout_s:g} s")
+                finally:
+                    client.close()
+            text = self._completion(client.episodes()[-1])
+            return client, checked_reward(value, task=task_name(self.task), prompt=problem.prompt, completion=text,
+                                          on_invalid=self.on_invalid_reward)
+
+        return list(await asyncio.gather(*(play(problem, index) for problem, index in plays)))
+
+    async def _played(self, client: EngineChatClient, problem: Problem) -> Any:
+        """The agent's return value for one episode; AgentFailed for an exception it raised."""
+        try:
+            if inspect.iscoroutinefunction(self.task.agent):
+                from lit_ppo.rollout.chat_client import AsyncEngineChatClient
+
+                return await self.task.agent(AsyncEngineChatClient(client=client), problem)
+            return await _in_thread(self.task.agent, client, problem)
+        except (Exception, SystemExit) as e:  # sys.exit() in an agent ends its episode, not the run
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise AgentFailed(f"raised {type(e).__name__}{': ' + reason if reason else ''}") from e
+
+    def _failed(self, problem: Problem, what: str) -> float:
+        """NaN (the group is dropped) with on_invalid_reward='drop'; else RunStopped in one line."""
+        if self.on_invalid_reward == "drop":
+            return math.nan
+        prompt = problem.prompt if len(problem.prompt) <= 80 else problem.prompt[:80] + "..."
+        raise RunStopped(f"agent {_agent_name(self.task)} {what} on problem {prompt!r}: fix the agent, or set "
+                         f"data.on_invalid_reward=drop to drop the groups of failed episodes")
+
+    def _completion(self, episode: Episode) -> str:
+        """The episode's text after its first context (every turn, markup included), for logs."""
+        tokens = [t for segment in episode.segments[1:] for t in segment.token_ids]
+        return self.tokenizer.decode(tokens, skip_special_tokens=False)
+
+
+def _in_thread(function, *args: Any) -> asyncio.Future:
+    """``function(*args)`` in a daemon thread of its own: a sync agent that hangs past its timeout is left
+    behind without holding up the rollout or the process's exit (an executor's threads would)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(method, value) -> None:
+        if not future.done():
+            method(value)
+
+    def target() -> None:
+        try:
+            result = function(*args)
+        except BaseException as e:  # delivered to the awaiting episode
+            outcome = (future.set_exception, e)
+        else:
+            outcome = (future.set_result, result)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the rollout has ended (its loop closed): nobody waits for this episode
+            pass
+
+    threading.Thread(target=target, name="lit_ppo-agent", daemon=True).start()
+    return future
+
+
+def _agent_name(task: Task) -> str:
+    agent = task.agent
+    return getattr(agent, "__qualname__", None) or getattr(agent, "__name__", None) or repr(agent)
+
+
+def _empty(problem: Problem) -> Episode:
+    """The sample of a failed episode that made no call: one context token, nothing generated (its NaN
+    reward drops the group)."""
+    episode = Episode(prompt=problem.prompt)
+    episode.add_context([0])
+    episode.add_generation(Completion([0], [0.0], True, -1))
+    return episode
