@@ -4,7 +4,8 @@ The client (``lit_ppo.rollout.chat_client``) samples with the rollout engine and
 token ids, so the agent's own code, written against the ``openai`` SDK, is what trains.
 
 ``params.n`` episodes per problem, at most ``episodes_in_flight`` at once, each with a fresh client and
-``timeout_s`` seconds. Each token sequence of an episode is a sample (one when every call continued the
+``timeout_s`` seconds; the calls that episodes make at the same time are sampled in one engine call
+(``lit_ppo.rollout.shared_generate``). Each token sequence of an episode is a sample (one when every call continued the
 previous one; more where the agent started a new conversation or the template rendered earlier turns
 differently, ``drifted_calls``): every sample of an episode carries the episode's reward, and a
 problem's group holds the samples of all its episodes. An agent that raises, runs past its timeout,
@@ -27,6 +28,7 @@ from lit_ppo.errors import RunStopped
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.chat_client import EngineChatClient
 from lit_ppo.rollout.engine import Completion, RolloutEngine, SamplingParams
+from lit_ppo.rollout.shared_generate import SharedGenerate
 from lit_ppo.rollout.workflows import Episode, checked_reward, episodes_to_batch, task_name, turn_seed
 from lit_ppo.tasks.base import Problem, Task
 
@@ -106,12 +108,11 @@ class AgentWorkflow:
     async def _play_all(self, engine: RolloutEngine, plays: list[tuple[Problem, int]],
                         seed: int | None) -> list[tuple[EngineChatClient, float]]:
         slots = asyncio.Semaphore(self.episodes_in_flight)
-        engine_lock = threading.Lock()
+        shared = SharedGenerate(engine)  # what the episodes' calls send at once, the engine samples in one call
 
         async def play(problem: Problem, index: int) -> tuple[EngineChatClient, float]:
             params = replace(self.params, n=1, seed=turn_seed(seed, index))
-            client = EngineChatClient(engine, self.tokenizer, params, self.max_model_len, self.tool_format,
-                                      engine_lock=engine_lock)
+            client = EngineChatClient(shared, self.tokenizer, params, self.max_model_len, self.tool_format)
             async with slots:
                 try:
                     value = await asyncio.wait_for(self._played(client, problem), self.timeout_s)

@@ -34,6 +34,7 @@ from openai.types.chat.chat_completion_message_function_tool_call import ChatCom
 from openai.types.completion_usage import CompletionUsage
 
 from lit_ppo.rollout.engine import Completion, RolloutEngine, SamplingParams
+from lit_ppo.rollout.shared_generate import SharedGenerate
 from lit_ppo.rollout.tool_calls import FORMATS, detect_format, parse_reply, render_calls, render_result, render_tools
 from lit_ppo.rollout.workflows import Episode
 
@@ -65,19 +66,18 @@ class EngineChatClient:
     """``client.chat.completions.create(...)`` on ``engine``, in the shapes of the ``openai`` SDK.
 
     Args:
-        engine: the rollout engine that samples (its ``version`` tags each completion).
+        engine: the rollout engine that samples (its ``version`` tags each completion), or its
+            ``SharedGenerate`` where several clients share it.
         tokenizer: the policy's tokenizer, with a chat template.
         params: the rollout's sampling parameters: temperature, top-k / top-p, stop tokens, the default
             ``max_new_tokens`` and the base seed of the calls (``params.n`` is not used: ``n`` is each call's).
         max_model_len: the most tokens a sequence may hold (prompt and completion).
         tool_format: ``hermes``, ``json`` or ``auto`` (``lit_ppo.rollout.tool_calls.detect_format``).
         model: the name the completions report.
-        engine_lock: the lock every client of ``engine`` holds while it samples (an engine serves one
-            request at a time); None: a lock of this client's own.
     """
 
-    def __init__(self, engine: RolloutEngine, tokenizer, params: SamplingParams, max_model_len: int,
-                 tool_format: str = "auto", model: str = "lit_ppo-policy", engine_lock: threading.Lock | None = None):
+    def __init__(self, engine: RolloutEngine | SharedGenerate, tokenizer, params: SamplingParams, max_model_len: int,
+                 tool_format: str = "auto", model: str = "lit_ppo-policy"):
         if tool_format != "auto" and tool_format not in FORMATS:
             raise ValueError(f"tool_format={tool_format!r} is invalid: must be auto, {', '.join(FORMATS)}")
         self.engine = engine
@@ -96,7 +96,8 @@ class EngineChatClient:
         self.drifted_calls = 0
         """Calls that extended an earlier call's messages but whose template renders it differently."""
         self._calls = itertools.count()
-        self._lock = engine_lock or threading.Lock()
+        self._lock = threading.Lock()  # one call of this client at a time (engines that several clients
+        # share take their calls through lit_ppo.rollout.shared_generate)
         self.closed = False
         """The episode has ended: calls are refused and nothing more is recorded."""
         self.chat = _Chat(self)

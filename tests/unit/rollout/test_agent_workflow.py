@@ -27,13 +27,14 @@ class AnsweringEngine:
 
     version = 5
 
-    def __init__(self):
-        self.calls = 0
+    def __init__(self, delay: float = 0.01):
+        self.calls = self.prompts = 0
+        self.delay = delay
         self.lock = threading.Lock()
 
     def generate(self, prompts, params):
         assert self.lock.acquire(blocking=False), "two episodes sampled from the engine at once"
-        time.sleep(0.01)  # long enough for an unguarded second call to overlap
+        time.sleep(self.delay)  # long enough for an unguarded second call to overlap
         self.lock.release()
         out = []
         for prompt in prompts:
@@ -45,6 +46,7 @@ class AnsweringEngine:
             ids = TOK.encode(reply, add_special_tokens=False) + [TOK.eos_token_id]
             out.append([Completion(ids, [-1.0] * len(ids), True, self.version)] * params.n)
         self.calls += 1
+        self.prompts += len(prompts)
         return out
 
 
@@ -91,7 +93,7 @@ def test_each_episode_is_one_sample_of_two_turns_with_the_agents_reward(asynchro
     engine = AnsweringEngine()
     batch = workflow(solve_async if asynchronous else solve).run(engine, PROBLEMS)
     assert batch.group_sizes.tolist() == [2, 2] and batch.rewards.tolist() == [1.0, 1.0, 0.0, 0.0]
-    assert engine.calls == 8  # two calls per episode
+    assert engine.prompts == 8 and engine.calls <= 8  # two requests per episode, those at once in one call
     for row in range(4):
         turns = batch.turn_ids[row][batch.loss_mask[row]].unique().tolist()
         assert turns == [0, 1]  # the call and the answer, one sequence
@@ -122,8 +124,11 @@ def test_episodes_in_flight_bound_how_many_play_at_once():
             active -= 1
             return 1.0
 
-        workflow(slow, episodes_in_flight=limit).run(AnsweringEngine(), PROBLEMS)
-        assert most == expected
+        engine = AnsweringEngine(delay=0.5)  # the others' requests arrive while the first samples
+        workflow(slow, episodes_in_flight=limit).run(engine, PROBLEMS)
+        assert most == expected and engine.prompts == 4
+        # One at a time, one call per request; four at once, their requests in fewer calls.
+        assert engine.calls == 4 if limit == 1 else engine.calls < 4
 
 
 def raises(client, problem):
