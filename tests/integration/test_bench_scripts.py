@@ -44,3 +44,14 @@ def test_bench_prefix_sharing_computes_fewer_slots_and_equal_logprobs():
     for row in rows:
         packed_slots, default_slots, gap = int(row[4]), int(row[5]), float(row[6])
         assert default_slots < packed_slots and gap < 1e-4
+
+
+def test_bench_agents_batches_the_calls_of_episodes_in_flight():
+    """With 8 episodes in flight their calls share engine calls; one at a time, each call is its own."""
+    out = run_script("bench_agents.py", "--problems", "2", "--samples", "4", "--many", "8", "--max-tokens", "8",
+                     "--threads", "1")
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if re.match(r"\| \d+ \| \d+ \|", line)]
+    (one, many) = [(int(r[0]), int(r[1]), int(r[4])) for r in rows]
+    assert one == (1, 8, 16)  # 8 episodes of 2 calls: 16 engine calls
+    assert many[:2] == (8, 8) and many[2] < 16
+    assert re.search(r"8 in flight / 1: \d+\.\d\dx", out)
