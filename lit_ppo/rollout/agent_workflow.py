@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 from lit_ppo.config.rollout import check_invalid_reward_action
 from lit_ppo.errors import RunStopped
 from lit_ppo.rollout.batch import RolloutBatch
-from lit_ppo.rollout.chat_client import EngineChatClient
+from lit_ppo.rollout.chat_client import AsyncEngineChatClient, EngineChatClient
 from lit_ppo.rollout.engine import Completion, RolloutEngine, SamplingParams
 from lit_ppo.rollout.shared_generate import SharedGenerate
 from lit_ppo.rollout.workflows import Episode, checked_reward, episodes_to_batch, task_name, turn_seed
@@ -134,8 +134,6 @@ class AgentWorkflow:
         """The agent's return value for one episode; AgentFailed for an exception it raised."""
         try:
             if inspect.iscoroutinefunction(self.task.agent):
-                from lit_ppo.rollout.chat_client import AsyncEngineChatClient
-
                 return await self.task.agent(AsyncEngineChatClient(client=client), problem)
             return await _in_thread(self.task.agent, client, problem)
         except (Exception, SystemExit) as e:  # sys.exit() in an agent ends its episode, not the run

@@ -36,14 +36,13 @@ from openai.types.completion_usage import CompletionUsage
 from lit_ppo.rollout.engine import Completion, RolloutEngine, SamplingParams
 from lit_ppo.rollout.shared_generate import SharedGenerate
 from lit_ppo.rollout.tool_calls import FORMATS, detect_format, parse_reply, render_calls, render_result, render_tools
-from lit_ppo.rollout.workflows import Episode
+from lit_ppo.rollout.workflows import SENTINEL_ASSISTANT, SENTINEL_USER, Episode, close_after
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 """The message roles a request may hold (``developer`` is rendered as ``system``)."""
 HONOURED = {"messages", "model", "tools", "tool_choice", "temperature", "top_p", "max_tokens",
             "max_completion_tokens", "stop", "n", "seed"}
 """The parameters of ``create`` that the engine honours; any other one given is refused."""
-_SENTINEL_USER, _SENTINEL_ASSISTANT = "LitPpoUserSentinel", "LitPpoAssistantSentinel"
 
 
 @dataclass
@@ -135,7 +134,7 @@ class EngineChatClient:
         text = self._render(messages, tools, add_generation_prompt=True)
         prompt_ids = None
         if extended is not None:
-            prompt_ids = self._continued(extended, messages, tools)
+            prompt_ids = self._continued(extended, text, tools)
             if prompt_ids is None:
                 self.drifted_calls += 1
         if prompt_ids is None:
@@ -206,18 +205,14 @@ class EngineChatClient:
                 return sequence
         return None
 
-    def _continued(self, sequence: _Sequence, messages: list[dict], tools: list[dict]) -> list[int] | None:
-        """The tokens of ``messages`` as the continuation of ``sequence``: its tokens as sampled, then the
-        rest of the reply's closing and the new messages as the template renders them after it; None where
-        the template renders the earlier conversation differently once the new messages follow."""
+    def _continued(self, sequence: _Sequence, after: str, tools: list[dict]) -> list[int] | None:
+        """The tokens of the request rendered as ``after`` as the continuation of ``sequence``: its tokens as
+        sampled, then the rest of the reply's closing and the new messages as the template renders them
+        after it; None where the template renders the earlier conversation differently once they follow."""
         before = self._render([*sequence.messages, sequence.reply], tools, add_generation_prompt=False)
-        after = self._render(messages, tools, add_generation_prompt=True)
         if not after.startswith(before):
             return None
-        close = self._assistant_close
-        sampled_end = self.tokenizer.decode(sequence.last_completion[-1:], skip_special_tokens=False)
-        if sequence.last_completion and sampled_end and close.startswith(sampled_end):
-            close = close[len(sampled_end):]
+        close = close_after(self.tokenizer, self._assistant_close, sequence.last_completion)
         new = list(self.tokenizer.encode(close + after[len(before):], add_special_tokens=False))
         return [*sequence.token_ids, *new]
 
@@ -281,13 +276,13 @@ class EngineChatClient:
 
     def _template_close(self) -> str:
         """What the template writes after an assistant message's content (up to the next message)."""
-        conversation = [{"role": "user", "content": _SENTINEL_USER},
-                        {"role": "assistant", "content": _SENTINEL_ASSISTANT}]
+        conversation = [{"role": "user", "content": SENTINEL_USER},
+                        {"role": "assistant", "content": SENTINEL_ASSISTANT}]
         text = self.tokenizer.apply_chat_template(conversation, tokenize=False)
-        if text.count(_SENTINEL_ASSISTANT) != 1:
+        if text.count(SENTINEL_ASSISTANT) != 1:
             raise ValueError("the tokenizer's chat template does not render an assistant message's content verbatim, "
                              "which token-in, token-out conversations need")
-        return text.split(_SENTINEL_ASSISTANT, 1)[1]
+        return text.split(SENTINEL_ASSISTANT, 1)[1]
 
 
 class AsyncEngineChatClient:

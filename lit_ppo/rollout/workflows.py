@@ -262,7 +262,15 @@ def turn_seed(seed: int | None, turn: int) -> int | None:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-_SENTINEL_USER, _SENTINEL_ASSISTANT = "LitPpoUserSentinel", "LitPpoAssistantSentinel"
+SENTINEL_USER, SENTINEL_ASSISTANT = "LitPpoUserSentinel", "LitPpoAssistantSentinel"
+"""Message contents that locate a template's markup around a message in a render of it."""
+
+
+def close_after(tokenizer, close: str, completion_ids: list[int]) -> str:
+    """The template's closing of an assistant message (``close``) less the stop token that the policy
+    already generated at the end of ``completion_ids``: what an episode appends before its next message."""
+    generated_end = tokenizer.decode(completion_ids[-1:], skip_special_tokens=False) if completion_ids else ""
+    return close[len(generated_end):] if generated_end and close.startswith(generated_end) else close
 
 
 @dataclass
@@ -334,17 +342,17 @@ class MultiTurnWorkflow:
         message that follows it (up to and including the generation prompt), read off two renders
         of one conversation. Rendering only the new messages would be wrong for templates that add
         a default system prompt or a BOS to every render."""
-        before = self._render(self._messages(("user", _SENTINEL_USER), ("assistant", _SENTINEL_ASSISTANT)), False)
-        after = self._render(self._messages(("user", _SENTINEL_USER), ("assistant", _SENTINEL_ASSISTANT),
-                                            ("user", _SENTINEL_USER)), True)
-        if not after.startswith(before) or before.count(_SENTINEL_ASSISTANT) != 1:
+        before = self._render(self._messages(("user", SENTINEL_USER), ("assistant", SENTINEL_ASSISTANT)), False)
+        after = self._render(self._messages(("user", SENTINEL_USER), ("assistant", SENTINEL_ASSISTANT),
+                                            ("user", SENTINEL_USER)), True)
+        if not after.startswith(before) or before.count(SENTINEL_ASSISTANT) != 1:
             raise ValueError("the tokenizer's chat template does not render a conversation as a prefix of its "
                              "continuation, which multi-turn rollouts on token ids need")
-        close = before.split(_SENTINEL_ASSISTANT, 1)[1]
+        close = before.split(SENTINEL_ASSISTANT, 1)[1]
         tail = after[len(before):]
-        if tail.count(_SENTINEL_USER) != 1:
+        if tail.count(SENTINEL_USER) != 1:
             raise ValueError("the tokenizer's chat template does not render a user message's content verbatim")
-        feedback_open, feedback_close = tail.split(_SENTINEL_USER)
+        feedback_open, feedback_close = tail.split(SENTINEL_USER)
         return close, feedback_open, feedback_close
 
     def prompt_ids(self, message: str) -> list[int]:
@@ -357,11 +365,7 @@ class MultiTurnWorkflow:
         the user message ``feedback`` and the assistant generation prompt: the template's closing of the
         assistant message (less the stop token the policy already generated), the user turn, the
         generation prompt. Earlier tokens are never re-tokenised."""
-        close = self._assistant_close
-        if completion_ids:
-            generated_end = self.tokenizer.decode(completion_ids[-1:], skip_special_tokens=False)
-            if generated_end and close.startswith(generated_end):
-                close = close[len(generated_end):]
+        close = close_after(self.tokenizer, self._assistant_close, completion_ids)
         text = close + self._feedback_open + feedback + self._feedback_close
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
