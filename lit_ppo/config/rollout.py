@@ -19,6 +19,10 @@ ENGINES = ("hf", "vllm")
 """Rollout engines: 'hf' (transformers, ``lit_ppo.rollout.hf_engine``) or 'vllm' (``lit_ppo.rollout.vllm_engine``)."""
 HF_ENGINE_KWARGS = ("max_batch_size", "dtype", "autocast")
 """The settings of the HF engine (``rollout.engine_kwargs`` of ``rollout=hf``)."""
+TOOL_FORMATS = ("auto", "hermes", "json")
+"""How an agent's client writes tool calls (``lit_ppo.rollout.tool_calls``); 'auto' reads it off the chat template."""
+DRIFT_RULES = ("share", "last", "error")
+"""What an agent's call whose chat template re-renders the earlier turns differently does (``data.on_drift``)."""
 INVALID_REWARD_ACTIONS = ("error", "drop")
 """What a workflow does with a reward that is not a finite real number: raise, or record NaN so that
 the collector drops the row's whole group."""
@@ -80,6 +84,21 @@ class RolloutConfig:
     turn_discount: float = 1.0
     """Factor in (0, 1] applied to a multi-turn episode's reward once per assistant turn after the first;
     ignored by single-turn tasks."""
+    episodes_in_flight: int = 32
+    """Most episodes of an agent task (``data=agent``) played at once on a rank; the calls they make
+    at the same time are sampled in one engine call. Ignored by other tasks."""
+    episode_timeout_s: float = 300.0
+    """Seconds an agent's episode may take; one that runs past it fails (``on_invalid_reward`` decides)."""
+    tool_format: str = "auto"
+    """How an agent's client writes and reads tool calls: 'hermes' (``<tool_call>{json}</tool_call>``,
+    Hermes / Qwen), 'json' (the reply is the JSON call) or 'auto' (hermes where the chat template writes
+    ``<tool_call>``, else json)."""
+    on_drift: str = "share"
+    """An agent's call that extends its conversation but whose chat template renders the earlier turns
+    differently (a reasoning model dropping past thinking, a trimmed history) starts a sample of its own,
+    counted in ``rollout/drifted_calls``. 'share': the sample it drifted from is kept and every sample of
+    the episode carries the episode's reward; 'last': the sample it drifted from is not trained on; 'error':
+    the run stops, naming the agent and the problem."""
     on_invalid_reward: str = "error"
     """A reward that is not a finite real number (NaN, inf, None, a string) fails the iteration with an
     error naming the task, the prompt and the value ('error'), or drops that prompt's whole group
@@ -123,6 +142,11 @@ class RolloutConfig:
         check_positive_int("data.max_attempts_factor", self.max_attempts_factor)
         check_turn_settings(self.max_turns, self.turn_discount, prefix="data.")
         check_invalid_reward_action(self.on_invalid_reward, prefix="data.")
+        check_positive_int("data.episodes_in_flight", self.episodes_in_flight)
+        if not self.episode_timeout_s > 0:
+            fail("data.episode_timeout_s", self.episode_timeout_s, "a number of seconds > 0")
+        check_choice("data.tool_format", self.tool_format, TOOL_FORMATS)
+        check_choice("data.on_drift", self.on_drift, DRIFT_RULES)
         if self.max_logp_gap not in (None, "auto"):
             if not self.max_logp_gap > 0:
                 fail("rollout.max_logp_gap", self.max_logp_gap, "a positive number, 'auto' or null")

@@ -1,14 +1,19 @@
 """Episodes played by an agent: an ordinary function of an OpenAI-compatible client and a problem,
 ``def solve(client, problem)`` or ``async def solve(client, problem)``, returning the episode's reward.
 The client (``lit_ppo.rollout.chat_client``) samples with the rollout engine and records every call on
-token ids, so the agent's own code, written against the ``openai`` SDK, is what trains.
+token ids, so the agent's own code, written against the ``openai`` SDK, is what trains. An agent in
+another process or framework talks to the same episode over HTTP: the real ``openai`` client with
+``base_url=client.base_url, api_key=client.api_key`` (``lit_ppo.rollout.chat_endpoint``, one endpoint
+per ``run`` on the loopback interface, closed when the run ends).
 
 ``params.n`` episodes per problem, at most ``episodes_in_flight`` at once, each with a fresh client and
 ``timeout_s`` seconds; the calls that episodes make at the same time are sampled in one engine call
-(``lit_ppo.rollout.shared_generate``). Each token sequence of an episode is a sample (one when every call continued the
-previous one; more where the agent started a new conversation or the template rendered earlier turns
-differently, ``drifted_calls``): every sample of an episode carries the episode's reward, and a
-problem's group holds the samples of all its episodes. An agent that raises, runs past its timeout,
+(``lit_ppo.rollout.shared_generate``). Each token sequence of an episode is a sample (one when every call
+continued the previous one; more where the agent started a new conversation, or where the template
+rendered earlier turns differently, a drifted call). Every sample of an episode carries the episode's
+reward, and a problem's group holds the samples of all its episodes. ``on_drift`` decides what a
+drifted call does: 'share' keeps the sample it drifted from, 'last' leaves that one out, 'error' stops
+the run; the batch's ``rollout/drifted_calls`` counts them. An agent that raises, runs past its timeout,
 returns something that is not a reward or never calls the client fails its episode in one line naming
 the agent, the problem and what to do; ``on_invalid_reward`` decides: stop the run ('error'), or drop
 the problem's group ('drop').
@@ -23,13 +28,16 @@ import threading
 from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
-from lit_ppo.config.rollout import check_invalid_reward_action
+from lit_ppo.config.checks import check_choice
+from lit_ppo.config.rollout import DRIFT_RULES, TOOL_FORMATS, check_invalid_reward_action
 from lit_ppo.errors import RunStopped
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.chat_client import AsyncEngineChatClient, EngineChatClient
+from lit_ppo.rollout.chat_endpoint import ChatEndpoint
 from lit_ppo.rollout.engine import Completion, RolloutEngine, SamplingParams
 from lit_ppo.rollout.shared_generate import SharedGenerate
 from lit_ppo.rollout.workflows import Episode, checked_reward, episodes_to_batch, task_name, turn_seed
+from lit_ppo.tasks.agent import describe_agent
 from lit_ppo.tasks.base import Problem, Task
 
 
@@ -62,15 +70,20 @@ class AgentWorkflow:
         episodes_in_flight: the most episodes played at once.
         timeout_s: seconds an episode may take.
         tool_format: the tool-call format of the client (``hermes``, ``json`` or ``auto``).
+        on_drift: what a drifted call does: 'share', 'last' or 'error' (see the module docstring).
         on_invalid_reward: what a failed episode does: 'error' stops the run, 'drop' drops its group.
+        one_row_per_episode: lay out only each episode's final sample (the sequence its last call ended),
+            as an evaluation scores episodes.
     """
 
     def __init__(self, tokenizer, task: AgentTask, params: SamplingParams, max_model_len: int, *,
                  episodes_in_flight: int = 32, timeout_s: float = 300.0, tool_format: str = "auto",
-                 on_invalid_reward: str = "error"):
+                 on_drift: str = "share", on_invalid_reward: str = "error", one_row_per_episode: bool = False):
         if not is_agent(task):
             raise TypeError(f"task {task_name(task)!r} has no agent(client, problem): it is not an agent task")
         check_invalid_reward_action(on_invalid_reward)
+        check_choice("on_drift", on_drift, DRIFT_RULES)
+        check_choice("tool_format", tool_format, TOOL_FORMATS)
         if isinstance(episodes_in_flight, bool) or not isinstance(episodes_in_flight, int) or episodes_in_flight < 1:
             raise ValueError(f"episodes_in_flight={episodes_in_flight!r} is invalid: must be a positive integer")
         if not timeout_s > 0:
@@ -82,28 +95,38 @@ class AgentWorkflow:
         self.episodes_in_flight = episodes_in_flight
         self.timeout_s = float(timeout_s)
         self.tool_format = tool_format
+        self.on_drift = on_drift
         self.on_invalid_reward = on_invalid_reward
+        self.one_row_per_episode = one_row_per_episode
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.drifted_calls = 0
-        """Calls of the latest ``run`` that started a sample of their own (``EngineChatClient.drifted_calls``)."""
+        self.endpoint: ChatEndpoint | None = None
+        """The HTTP endpoint of the ``run`` in progress; None between runs (its port is freed)."""
 
     def run(self, engine: RolloutEngine, problems: list[Problem], *, seed: int | None = None) -> RolloutBatch:
-        """Play ``params.n`` episodes per problem and lay their samples out, grouped by problem."""
+        """Play ``params.n`` episodes per problem and lay their samples out, grouped by problem; the batch's
+        ``metrics`` count the drifted calls (``rollout/drifted_calls``)."""
         base_seed = self.params.seed if seed is None else seed
         plays = [(problem, i * self.params.n + k) for i, problem in enumerate(problems) for k in range(self.params.n)]
-        results = asyncio.run(self._play_all(engine, plays, base_seed))
-        self.drifted_calls = sum(client.drifted_calls for client, _ in results)
+        self.endpoint = ChatEndpoint()
+        try:
+            results = asyncio.run(self._play_all(engine, plays, base_seed))
+        finally:
+            self.endpoint.close()
+            self.endpoint = None
         episodes, group_sizes = [], []
         for i, problem in enumerate(problems):
             group = []
             for client, reward in results[i * self.params.n:(i + 1) * self.params.n]:
-                for episode in client.episodes() or [_empty(problem)]:
+                samples = client.episodes(drifted=self.on_drift != "last") or [_empty(problem)]
+                for episode in samples[-1:] if self.one_row_per_episode else samples:
                     episode.reward = reward
                     episode.completion = self._completion(episode)
                     group.append(episode)
             episodes += group
             group_sizes.append(len(group))
-        return episodes_to_batch(episodes, group_sizes, self.pad_id)
+        batch = episodes_to_batch(episodes, group_sizes, self.pad_id)
+        batch.metrics = {"rollout/drifted_calls": float(sum(client.drifted_calls for client, _ in results))}
+        return batch
 
     async def _play_all(self, engine: RolloutEngine, plays: list[tuple[Problem, int]],
                         seed: int | None) -> list[tuple[EngineChatClient, float]]:
@@ -114,6 +137,7 @@ class AgentWorkflow:
             params = replace(self.params, n=1, seed=turn_seed(seed, index))
             client = EngineChatClient(shared, self.tokenizer, params, self.max_model_len, self.tool_format)
             async with slots:
+                client.base_url, client.api_key = self.endpoint.url, self.endpoint.open(client)
                 try:
                     value = await asyncio.wait_for(self._played(client, problem), self.timeout_s)
                     if not client.episodes():
@@ -123,7 +147,13 @@ class AgentWorkflow:
                 except asyncio.TimeoutError:
                     return client, self._failed(problem, f"ran past its timeout of {self.timeout_s:g} s")
                 finally:
+                    self.endpoint.close_episode(client.api_key)
                     client.close()
+            if client.drifted_calls and self.on_drift == "error":
+                raise RunStopped(f"agent {describe_agent(self.task.agent)} made {client.drifted_calls} call(s) on "
+                                 f"problem {_short(problem.prompt)} whose chat template renders the earlier turns "
+                                 f"differently (data.on_drift=error): keep the conversation as the client returned it, "
+                                 f"or set data.on_drift=share or last")
             text = self._completion(client.episodes()[-1])
             return client, checked_reward(value, task=task_name(self.task), prompt=problem.prompt, completion=text,
                                           on_invalid=self.on_invalid_reward)
@@ -144,9 +174,8 @@ class AgentWorkflow:
         """NaN (the group is dropped) with on_invalid_reward='drop'; else RunStopped in one line."""
         if self.on_invalid_reward == "drop":
             return math.nan
-        prompt = problem.prompt if len(problem.prompt) <= 80 else problem.prompt[:80] + "..."
-        raise RunStopped(f"agent {_agent_name(self.task)} {what} on problem {prompt!r}: fix the agent, or set "
-                         f"data.on_invalid_reward=drop to drop the groups of failed episodes")
+        raise RunStopped(f"agent {describe_agent(self.task.agent)} {what} on problem {_short(problem.prompt)}: fix "
+                         f"the agent, or set data.on_invalid_reward=drop to drop the groups of failed episodes")
 
     def _completion(self, episode: Episode) -> str:
         """The episode's text after its first context (every turn, markup included), for logs."""
@@ -180,9 +209,9 @@ def _in_thread(function, *args: Any) -> asyncio.Future:
     return future
 
 
-def _agent_name(task: Task) -> str:
-    agent = task.agent
-    return getattr(agent, "__qualname__", None) or getattr(agent, "__name__", None) or repr(agent)
+def _short(prompt: str) -> str:
+    """A problem's prompt in a one-line message."""
+    return repr(prompt if len(prompt) <= 80 else prompt[:80] + "...")
 
 
 def _empty(problem: Problem) -> Episode:

@@ -94,6 +94,13 @@ class EngineChatClient:
         self.sequences: list[_Sequence] = []
         self.drifted_calls = 0
         """Calls that extended an earlier call's messages but whose template renders it differently."""
+        self.drifted_from: list[_Sequence] = []
+        """The sequences that those calls extended (each started a sequence of its own instead)."""
+        self.base_url: str | None = None
+        """Where the same episode is served over HTTP (``lit_ppo.rollout.chat_endpoint``), for an agent that
+        talks to it with ``openai.OpenAI(base_url=client.base_url, api_key=client.api_key)``; None if nowhere."""
+        self.api_key: str | None = None
+        """The episode's key at ``base_url``."""
         self._calls = itertools.count()
         self._lock = threading.Lock()  # one call of this client at a time (engines that several clients
         # share take their calls through lit_ppo.rollout.shared_generate)
@@ -137,6 +144,7 @@ class EngineChatClient:
             prompt_ids = self._continued(extended, text, tools)
             if prompt_ids is None:
                 self.drifted_calls += 1
+                self.drifted_from.append(extended)
         if prompt_ids is None:
             prompt_ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         if len(prompt_ids) + params.max_new_tokens > self.max_model_len:
@@ -234,9 +242,11 @@ class EngineChatClient:
         self.sequences.append(_Sequence(messages, reply, [*prompt_ids, *completion.token_ids], episode,
                                         list(completion.token_ids)))
 
-    def episodes(self) -> list[Episode]:
-        """One episode per sequence of the run (the samples), in the order their latest calls ended."""
-        return [sequence.episode for sequence in self.sequences]
+    def episodes(self, drifted: bool = True) -> list[Episode]:
+        """One episode per sequence of the run (the samples), in the order their latest calls ended;
+        ``drifted=False`` leaves out the sequences that a drifted call extended."""
+        return [sequence.episode for sequence in self.sequences
+                if drifted or not any(sequence is old for old in self.drifted_from)]
 
     # ------------------------------------------------------------------ the chat template
     def _render(self, messages: list[dict], tools: list[dict], add_generation_prompt: bool) -> str:

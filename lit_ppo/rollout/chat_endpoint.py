@@ -26,6 +26,11 @@ MAX_BODY = 64 * 2**20
 """The largest request body read (bytes)."""
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024  # every episode in flight may connect at once (the default backlog of 5 resets them)
+
+
 class ChatEndpoint:
     """The endpoint: ``open(client)`` an episode, hand its ``key`` and ``url`` to the agent, ``close_episode``
     when the episode ends; ``close()`` when the rollout ends (also on leaving a ``with`` block).
@@ -39,8 +44,7 @@ class ChatEndpoint:
         self.model = model
         self._episodes: dict[str, EngineChatClient] = {}
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer((LOOPBACK, port), _handler(self))
-        self._server.daemon_threads = True
+        self._server = _Server((LOOPBACK, port), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, name="lit_ppo-chat-endpoint", daemon=True)
         self._thread.start()
 

@@ -20,7 +20,7 @@ from lit_ppo.errors import RunStopped
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.engine import RolloutEngine
 from lit_ppo.rollout.stream import PromptStream
-from lit_ppo.rollout.workflows import MultiTurnWorkflow, SingleTurnWorkflow
+from lit_ppo.rollout.workflows import Workflow
 
 INVALID_REWARDS_HINT = ("rewards must be finite real numbers (data.on_invalid_reward=error stops at the first "
                         "invalid one, naming its prompt and value)")
@@ -38,7 +38,7 @@ class Collector:
         rank, world: this rank and the number of ranks, which pick the rank's prompt shard and seeds.
     """
 
-    def __init__(self, engine: RolloutEngine, workflow: SingleTurnWorkflow | MultiTurnWorkflow, stream: PromptStream,
+    def __init__(self, engine: RolloutEngine, workflow: Workflow, stream: PromptStream,
                  rollout: RolloutConfig, accept: Callable[[RolloutBatch], bool] | None, rank: int = 0, world: int = 1):
         self.engine = engine
         self.workflow = workflow
@@ -60,6 +60,7 @@ class Collector:
         self.engine.wake()
         accepted: list[RolloutBatch] = []
         tried = rejected = invalid = 0
+        counted: dict[str, float] = {}  # what the workflow's runs count (an agent's drifted calls)
         limit = cfg.batch_size * cfg.max_attempts_factor
         while True:
             wanted = cfg.batch_size - (tried if cfg.dynamic_bs else len(accepted))
@@ -69,6 +70,8 @@ class Collector:
                 raise self._too_few(len(accepted), tried, invalid)
             seed = self.stream.request_seed(self.rank)
             rollout = self.workflow.run(self.engine, self.stream.take(wanted, self.rank, self.world), seed=seed)
+            for name, value in rollout.metrics.items():
+                counted[name] = counted.get(name, 0.0) + value
             for g in range(rollout.num_groups):
                 group = rollout.select_groups([g])
                 tried += 1
@@ -83,7 +86,7 @@ class Collector:
         self.engine.sleep()  # frees accelerator memory for the update (where the engine supports it)
         metrics = {"rollout/accepted": float(len(accepted)), "rollout/rejected": float(rejected),
                    "rollout/invalid_rewards": float(invalid),
-                   "time/generate_s": time.perf_counter() - start}
+                   **counted, "time/generate_s": time.perf_counter() - start}
         if not accepted:
             self._count_empty(tried, invalid)
             batch = empty_batch()

@@ -74,6 +74,19 @@ class Episode:
         self.truncated = not completion.stopped
 
 
+class Workflow(Protocol):
+    """What turns problems into a scored ``RolloutBatch`` through an engine: ``SingleTurnWorkflow``,
+    ``MultiTurnWorkflow`` or ``lit_ppo.rollout.agent_workflow.AgentWorkflow``."""
+
+    task: Task
+    """The task whose problems it plays."""
+    pad_id: int
+    """The token id its batches are padded with."""
+
+    def run(self, engine: RolloutEngine, problems: list[Problem], *, seed: int | None = None) -> RolloutBatch:
+        """``params.n`` samples (or episodes) per problem, grouped by problem in problem order."""
+
+
 def _short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 
+from lit_ppo.tasks.agent import AgentFunctionTask
 from lit_ppo.tasks.arithmetic import ArithmeticTask
 from lit_ppo.tasks.base import Problem, Task
 from lit_ppo.tasks.calculator import CalculatorTask
@@ -31,6 +32,17 @@ TASKS.register("word_problems")(WordProblemsTask)
 def gsm_symbolic(**kwargs) -> ReasoningGymTask:
     """reasoning-gym's GSM8K-like symbolic word problems (offline, with an exact checker)."""
     return ReasoningGymTask(dataset="gsm_symbolic", **kwargs)
+
+
+@TASKS.register("agent")
+def agent(agent=None, problems: str = "arithmetic", problems_kwargs: dict | None = None) -> AgentFunctionTask:
+    """The problems of the task ``problems`` (a registered name or a dotted path module.Class, configured by
+    ``problems_kwargs``) played by ``agent``, ``def solve(client, problem)`` (``lit_ppo.tasks.agent``)."""
+    try:
+        source = build_task(problems, **(problems_kwargs or {}))
+    except ValueError as e:
+        raise ValueError(f"data.task_kwargs.problems={problems!r}: {e}") from None
+    return AgentFunctionTask(agent, source)
 
 
 def _parameters(ctor) -> list[str] | None:
@@ -138,5 +150,5 @@ def check_problems(task: Task, name: str) -> Task:
     return task
 
 
-__all__ = ["TASKS", "ArithmeticTask", "CalculatorTask", "DatasetTask", "GSM8KTask", "Problem", "ReasoningGymTask",
-           "DEFAULT_TASK", "Task", "build_task", "check_problems", "gsm_symbolic", "task_parameters"]
+__all__ = ["TASKS", "AgentFunctionTask", "ArithmeticTask", "CalculatorTask", "DatasetTask", "GSM8KTask", "Problem", "ReasoningGymTask",
+           "DEFAULT_TASK", "Task", "agent", "build_task", "check_problems", "gsm_symbolic", "task_parameters"]

@@ -37,7 +37,8 @@ from lit_ppo.rollout.engine_factory import build_engine
 from lit_ppo.rollout.evaluation import Evaluation, greedy, sum_names
 from lit_ppo.rollout.producer import AsyncProducer, SharedEngine, batch_to_dict, drop_stale
 from lit_ppo.rollout.stream import PromptStream, stable_seed
-from lit_ppo.rollout.workflows import MultiTurnWorkflow, SingleTurnWorkflow, is_multi_turn
+from lit_ppo.rollout.agent_workflow import AgentWorkflow, is_agent
+from lit_ppo.rollout.workflows import MultiTurnWorkflow, SingleTurnWorkflow, Workflow, is_multi_turn
 from lit_ppo.tasks import DEFAULT_TASK, build_task
 from lit_ppo.utils.imports import describe, import_object
 from lit_ppo.utils.source_docs import args_entries, dataclass_fields
@@ -76,7 +77,8 @@ class RolloutDataModule(L.LightningDataModule):
     LightningCLI's help (``fit --help-all``).
 
     Args:
-        task: registered task name ('arithmetic', 'gsm_symbolic', 'reasoning_gym', 'gsm8k', 'calculator').
+        task: registered task name ('arithmetic', 'gsm_symbolic', 'reasoning_gym', 'gsm8k', 'calculator',
+            'word_problems', 'dataset', 'agent') or the dotted path module.Class of a Task.
         task_kwargs: the task's configuration.
         gconfig: sampling settings (``lit_ppo.config.GenerationConfig``).
         eval: how the task's test split is scored (``lit_ppo.config.EvalConfig``).
@@ -87,14 +89,17 @@ class RolloutDataModule(L.LightningDataModule):
                  engine_kwargs: dict | None = None,
                  dynamic_filter_fn: str | None = None, dynamic_bs: bool = False, max_attempts_factor: int = 8,
                  system_prompt: str | None = None, seed: int = 0, max_turns: int = 4, turn_discount: float = 1.0,
-                 on_invalid_reward: str = "error", max_logp_gap: float | Literal["auto"] | None = "auto",
+                 episodes_in_flight: int = 32, episode_timeout_s: float = 300.0, tool_format: str = "auto",
+                 on_drift: str = "share", on_invalid_reward: str = "error", max_logp_gap: float | Literal["auto"] | None = "auto",
                  eval: EvalConfig | None = None, max_head_offpolicyness: int = 0, num_threads: int | None = None,
                  devices: list[int] | None = None):
         super().__init__()
         self.rollout = RolloutConfig(
             engine=engine, engine_kwargs=engine_kwargs, batch_size=batch_size, dynamic_filter_fn=dynamic_filter_fn,
             dynamic_bs=dynamic_bs, max_attempts_factor=max_attempts_factor, system_prompt=system_prompt, seed=seed,
-            max_turns=max_turns, turn_discount=turn_discount, on_invalid_reward=on_invalid_reward,
+            max_turns=max_turns, turn_discount=turn_discount, episodes_in_flight=episodes_in_flight,
+            episode_timeout_s=episode_timeout_s, tool_format=tool_format, on_drift=on_drift,
+            on_invalid_reward=on_invalid_reward,
             max_logp_gap=max_logp_gap, max_head_offpolicyness=max_head_offpolicyness, num_threads=num_threads,
             devices=devices)
         """Every rollout setting but the task, the generation and the evaluation configs."""
@@ -109,7 +114,7 @@ class RolloutDataModule(L.LightningDataModule):
         """This rank's train prompts; its position is the resumable state."""
         self.evaluation: Evaluation | None = None
         self.engine: RolloutEngine | None = None
-        self.workflow: SingleTurnWorkflow | MultiTurnWorkflow | None = None
+        self.workflow: Workflow | None = None
         self.collector: Collector | None = None
         """Fills the batches of the fit in progress (built with its engine and workflow)."""
         self.producer: AsyncProducer | None = None
@@ -174,7 +179,7 @@ class RolloutDataModule(L.LightningDataModule):
         """The longest prompt plus ``gconfig.max_new_tokens`` (a multi-turn episode: ``max_turns`` turns
         of it and the markup of the feedback turns between them, at least) must fit the model's context."""
         context = _context_length(model_config)
-        if context is None:
+        if context is None or is_agent(self.task):  # an agent's client checks each call as it is made
             return
         workflow = self._workflow(tokenizer, SamplingParams(n=1, max_new_tokens=self.gconfig.max_new_tokens))
         splits = [("test", self.eval_problem_count())]
@@ -261,16 +266,24 @@ class RolloutDataModule(L.LightningDataModule):
             self.engine = self._build_engine(trained)
         params = self.sampling_params(trained.tokenizer)
         sampled = replace(params, n=self.eval.k) if self.eval.k else None
-        self.evaluation = Evaluation(self.eval, self._workflow(trained.tokenizer, greedy(params)),
-                                     sampled and self._workflow(trained.tokenizer, sampled))
+        self.evaluation = Evaluation(self.eval, self._workflow(trained.tokenizer, greedy(params), evaluating=True),
+                                     sampled and self._workflow(trained.tokenizer, sampled, evaluating=True))
         count = self.eval_problem_count()
         mine = list(range(self.trainer.global_rank, count, self.trainer.world_size))
         batches = [mine[i:i + self.eval.batch_size] for i in range(0, len(mine), self.eval.batch_size)]
         # A rank without problems still runs the loop (an empty batch): the sums are added over all ranks.
         return EvalBatches(batches or ([[]] if count else []))
 
-    def _workflow(self, tokenizer, params: SamplingParams) -> SingleTurnWorkflow | MultiTurnWorkflow:
+    def _workflow(self, tokenizer, params: SamplingParams, *, evaluating: bool = False) -> Workflow:
+        """The workflow of the task: an agent's, a multi-turn or a single-turn one. An evaluation's agent
+        workflow keeps one row per episode (its final sample), as evaluation scores episodes."""
         cfg = self.rollout
+        if is_agent(self.task):
+            context = _context_length(getattr(self._trained.policy, "config", None)) or tokenizer.model_max_length
+            return AgentWorkflow(tokenizer, self.task, params, context,
+                                 episodes_in_flight=cfg.episodes_in_flight, timeout_s=cfg.episode_timeout_s,
+                                 tool_format=cfg.tool_format, on_drift="last" if evaluating else cfg.on_drift,
+                                 on_invalid_reward=cfg.on_invalid_reward, one_row_per_episode=evaluating)
         if is_multi_turn(self.task):
             return MultiTurnWorkflow(tokenizer, self.task, params, cfg.max_turns, cfg.turn_discount,
                                      cfg.system_prompt, cfg.on_invalid_reward)

@@ -21,7 +21,7 @@ from lit_ppo.training.update import MetricSum
 from lit_ppo.utils.dist import world_max
 
 SUMMED = ("rollout/accepted", "rollout/rejected", "rollout/invalid_rewards", "rollout/dropped_stale",
-          "perf/tokens_per_s")
+          "rollout/drifted_calls", "perf/tokens_per_s")
 """Iteration metrics that add up over ranks (counts, throughput); the others are weighted means."""
 ROW_MEANS = ("rollout/reward_mean", "rollout/response_length", "rollout/truncated_fraction")
 TOKEN_MEANS = ("actor/advantage_abs_mean", "actor/kl_reward", "critic/explained_variance", "mismatch/logp_abs_diff",

@@ -5,17 +5,20 @@ way an episode fails (raises, hangs, returns no reward, never calls), stopping t
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import socket
 import threading
 import time
 
 import pytest
+import torch
 
 from lit_ppo.errors import RunStopped
 from lit_ppo.rollout.agent_workflow import AgentWorkflow
 from lit_ppo.rollout.engine import Completion, SamplingParams
 from lit_ppo.tasks.base import Problem
-from tests.unit.rollout.test_chat_client import CALC, IM_END, TOOLS_CHATML, chatml_tokenizer
+from tests.unit.rollout.test_chat_client import CALC, IM_END, THINKING, TOOLS_CHATML, chatml_tokenizer
 
 TOK = chatml_tokenizer(TOOLS_CHATML)
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"expression": "%s"}}\n</tool_call>'
@@ -150,10 +153,10 @@ def never_calls(client, problem):
 
 
 @pytest.mark.parametrize("agent,expected", [
-    (raises, "agent raises raised KeyError: \"tool 'calc' is not installed\" on problem '3+4': fix the agent, or "
+    (raises, f"agent {__name__}.raises raised KeyError: \"tool 'calc' is not installed\" on problem '3+4': fix the agent, or "
              "set data.on_invalid_reward=drop"),
-    (hangs, "agent hangs ran past its timeout of 0.5 s on problem '3+4': fix the agent"),
-    (never_calls, "agent never_calls made no call to the client (nothing to train on) on problem '3+4'"),
+    (hangs, f"agent {__name__}.hangs ran past its timeout of 0.5 s on problem '3+4': fix the agent"),
+    (never_calls, f"agent {__name__}.never_calls made no call to the client (nothing to train on) on problem '3+4'"),
     (answers_text, "task 'agent-test' returned reward 'yes' for prompt '3+4' "),
 ])
 def test_a_failed_episode_stops_the_run_in_one_line_or_drops_its_group(agent, expected):
@@ -177,3 +180,132 @@ def test_a_call_after_the_episode_ended_is_refused():
     workflow(keeps_the_client).run(AnsweringEngine(), PROBLEMS[:1])
     with pytest.raises(ValueError, match="the episode has ended"):
         kept[0].chat.completions.create(model="policy", messages=[{"role": "user", "content": "2+2?"}])
+
+
+THINKING_TOK = chatml_tokenizer(THINKING)
+
+
+class ThinkingEngine:
+    """Replies ``<think>hm</think>7`` to every prompt (the THINKING template drops the thinking later)."""
+
+    version = 0
+
+    def generate(self, prompts, params):
+        ids = THINKING_TOK.encode("<think>hm</think>7", add_special_tokens=False) + [THINKING_TOK.eos_token_id]
+        return [[Completion(ids, [-1.0] * len(ids), True, 0)] * params.n for _ in prompts]
+
+
+def follows_up(client, problem):
+    """Two calls of one conversation: under THINKING the second drifts."""
+    messages = [{"role": "user", "content": problem.prompt}]
+    first = client.chat.completions.create(model="policy", messages=messages)
+    messages += [first.choices[0].message, {"role": "user", "content": "sure?"}]
+    client.chat.completions.create(model="policy", messages=messages)
+    return 1.0
+
+
+def drifting_workflow(**kwargs) -> AgentWorkflow:
+    params = SamplingParams(n=2, max_new_tokens=32, stop_token_ids=[THINKING_TOK.eos_token_id], seed=0)
+    return AgentWorkflow(THINKING_TOK, AgentTask(follows_up), params, max_model_len=4096, **kwargs)
+
+
+def test_the_drift_rule_shares_the_reward_leaves_the_earlier_sample_out_or_stops_the_run():
+    shared = drifting_workflow(on_drift="share").run(ThinkingEngine(), PROBLEMS[:1])
+    assert shared.group_sizes.tolist() == [4] and shared.rewards.tolist() == [1.0] * 4
+    assert shared.metrics == {"rollout/drifted_calls": 2.0}
+    last = drifting_workflow(on_drift="last").run(ThinkingEngine(), PROBLEMS[:1])
+    assert last.group_sizes.tolist() == [2] and last.metrics == {"rollout/drifted_calls": 2.0}
+    # What stays is each episode's second call, prompted with the earlier turn as the template renders it.
+    assert all(text.startswith("<think>hm</think>7") for text in last.completions)
+    assert all("<think>" not in THINKING_TOK.decode(row[:20]) for row in last.input_ids)
+    with pytest.raises(RunStopped, match=r"^agent tests\.unit\.rollout\.test_agent_workflow\.follows_up made 1 "
+                                         r"call\(s\) on problem '3\+4' whose chat template renders the earlier "
+                                         r"turns differently \(data\.on_drift=error\)"):
+        drifting_workflow(on_drift="error").run(ThinkingEngine(), PROBLEMS[:1])
+
+
+def test_an_evaluation_keeps_one_row_per_episode_its_final_sample():
+    batch = drifting_workflow(one_row_per_episode=True).run(ThinkingEngine(), PROBLEMS)
+    assert batch.group_sizes.tolist() == [2, 2] and batch.num_rows == 4
+    twice = workflow(TestTwoConversations.twice, one_row_per_episode=True).run(AnsweringEngine(), PROBLEMS[:1])
+    assert twice.group_sizes.tolist() == [2]
+    assert all(text.endswith(f"{IM_END}") for text in twice.completions)
+
+
+class TestTwoConversations:
+    @staticmethod
+    def twice(client, problem):
+        for question in ("1+1?", "2+2?"):
+            client.chat.completions.create(model="policy", messages=[{"role": "user", "content": question}])
+        return 0.5
+
+
+def over_http(client, problem):
+    """The same episode through the real openai client over HTTP, at the episode's base_url and key."""
+    import openai
+
+    http = openai.OpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0)
+    messages = [{"role": "user", "content": f"{problem.prompt}?"}]
+    first = http.chat.completions.create(model="policy", messages=messages, tools=[CALC])
+    call = first.choices[0].message.tool_calls[0]
+    value = str(eval(json.loads(call.function.arguments)["expression"]))
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": value}]
+    final = http.chat.completions.create(model="policy", messages=messages, tools=[CALC])
+    return float(final.choices[0].message.content == problem.answer)
+
+
+def test_an_agent_over_http_trains_as_one_calling_the_client_and_the_port_is_freed():
+    seen = []
+
+    def recording(client, problem):
+        seen.append(client.base_url)
+        return over_http(client, problem)
+
+    direct = workflow(solve).run(AnsweringEngine(), PROBLEMS)
+    http = workflow(recording).run(AnsweringEngine(), PROBLEMS)
+    assert http.rewards.tolist() == direct.rewards.tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert torch.equal(http.input_ids, direct.input_ids) and torch.equal(http.loss_mask, direct.loss_mask)
+    assert torch.equal(http.turn_ids, direct.turn_ids)
+    assert len(set(seen)) == 1  # one endpoint per run, an episode key each
+    port = int(seen[0].rsplit(":", 1)[1].split("/")[0])
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=2)
+
+
+def test_a_run_that_stops_frees_its_port_too():
+    seen = []
+
+    def fails(client, problem):
+        seen.append(client.base_url)
+        raise RuntimeError("broken tool")
+
+    with pytest.raises(RunStopped):
+        workflow(fails).run(AnsweringEngine(), PROBLEMS)
+    port = int(seen[0].rsplit(":", 1)[1].split("/")[0])
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=2)
+
+
+def test_a_key_of_an_ended_episode_is_refused_over_http():
+    import openai
+
+    keys, ended = {}, threading.Event()
+
+    def first_or_second(client, problem):
+        keys[problem.prompt] = (client.base_url, client.api_key)
+        if problem is PROBLEMS[0]:
+            reward = over_http(client, problem)
+            threading.Timer(0.3, ended.set).start()  # the episode ends as this returns
+            return reward
+        assert ended.wait(10)
+        url, key = keys[PROBLEMS[0].prompt]
+        with pytest.raises(openai.NotFoundError, match="is unknown or has ended"):
+            openai.OpenAI(base_url=url, api_key=key, max_retries=0).chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "1+1?"}])
+        return over_http(client, problem)
+
+    params = SamplingParams(n=1, max_new_tokens=128, stop_token_ids=[TOK.eos_token_id], seed=1)
+    batch = AgentWorkflow(TOK, AgentTask(first_or_second), params, max_model_len=4096).run(AnsweringEngine(), PROBLEMS)
+    assert batch.rewards.tolist() == [1.0, 0.0]
+    assert keys[PROBLEMS[0].prompt][1] != keys[PROBLEMS[1].prompt][1]

@@ -71,3 +71,33 @@ def test_it_listens_on_loopback_only_and_frees_its_port():
     served.close()
     with socket.socket() as again:  # the port is free once closed
         again.bind(("127.0.0.1", port))
+
+
+def test_every_episode_in_flight_may_connect_at_once(endpoint):
+    """128 clients connect together while the engine is busy: none is reset (a listen backlog of 5 reset some)."""
+    import threading
+    import time
+
+    answered, errors = [], []
+    gate = threading.Barrier(128)
+
+    def one(i: int) -> None:
+        client, engine, _ = client_of(TOOLS_CHATML, str(i))
+        slow = engine.generate
+        engine.generate = lambda prompts, params: (time.sleep(0.2), slow(prompts, params))[1]
+        key = endpoint.open(client)
+        gate.wait()
+        try:
+            reply = agent(endpoint, key).chat.completions.create(model="policy", messages=[
+                {"role": "user", "content": "?"}])
+            answered.append(reply.choices[0].message.content == str(i))
+        except openai.APIError as e:
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(128)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 60
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    assert errors == [] and answered == [True] * 128
