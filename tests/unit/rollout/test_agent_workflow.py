@@ -13,6 +13,8 @@ import time
 
 import pytest
 import torch
+from pathlib import Path
+import re
 
 from lit_ppo.errors import RunStopped
 from lit_ppo.rollout.agent_workflow import AgentWorkflow
@@ -309,3 +311,27 @@ def test_a_key_of_an_ended_episode_is_refused_over_http():
     batch = AgentWorkflow(TOK, AgentTask(first_or_second), params, max_model_len=4096).run(AnsweringEngine(), PROBLEMS)
     assert batch.rewards.tolist() == [1.0, 0.0]
     assert keys[PROBLEMS[0].prompt][1] != keys[PROBLEMS[1].prompt][1]
+
+
+# docs/agents.md's agent written with OpenAI's Agents SDK (openai-agents) trains unchanged: its Runner calls the
+# episode's endpoint with the real openai client, runs the tool the policy calls, and the episode's calls
+# continue one token sequence (one sample, turns 0 and 1), rewarded by the agent.
+DOC = (Path(__file__).resolve().parents[3] / "docs" / "agents.md").read_text()
+(SDK_AGENT,) = [b for b in re.findall(r"```python\n(.*?)```", DOC, re.S) if "from agents import" in b]
+
+
+def test_the_agents_sdk_agent_of_the_docs_calls_its_tool_and_trains_one_sequence_per_episode():
+    scope: dict = {}
+    exec(compile(SDK_AGENT, "docs/agents.md", "exec"), scope)
+    params = SamplingParams(n=2, max_new_tokens=128, stop_token_ids=[TOK.eos_token_id], seed=1)
+    problems = [Problem(p.prompt + "?", p.answer) for p in PROBLEMS]  # the scripted engine calls calc on "a+b?"
+    batch = AgentWorkflow(TOK, AgentTask(scope["solve"]), params, max_model_len=4096).run(AnsweringEngine(), problems)
+    # The engine answers with the tool's result: right for 3+4 (7), wrong for 2*5 (the answer given is 11).
+    assert batch.rewards.tolist() == [1.0, 1.0, 0.0, 0.0] and batch.group_sizes.tolist() == [2, 2]
+    assert batch.metrics == {"rollout/drifted_calls": 0.0}
+    for row in range(4):
+        assert batch.turn_ids[row][batch.loss_mask[row]].unique().tolist() == [0, 1]
+    text = TOK.decode(batch.input_ids[0][batch.attention_mask[0]])
+    assert "Use calc for arithmetic." in text and '"name": "calc"' in text
+    assert "<tool_response>\n7\n</tool_response>" in text
+    assert torch.equal(batch.versions[batch.loss_mask].unique(), torch.tensor([5]))
