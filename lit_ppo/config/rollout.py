@@ -83,7 +83,8 @@ class RolloutConfig:
     'calculator'); ignored by single-turn tasks."""
     turn_discount: float = 1.0
     """Factor in (0, 1] applied to a multi-turn episode's reward once per assistant turn after the first;
-    ignored by single-turn tasks."""
+    for an agent that rewards each call, a call's return is its reward plus this times the next call's
+    return. Ignored by single-turn tasks."""
     episodes_in_flight: int = 32
     """Most episodes of an agent task (``data=agent``) played at once on a rank; the calls they make
     at the same time are sampled in one engine call. Ignored by other tasks."""

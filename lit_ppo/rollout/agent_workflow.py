@@ -13,7 +13,11 @@ continued the previous one; more where the agent started a new conversation, or 
 rendered earlier turns differently, a drifted call). Every sample of an episode carries the episode's
 reward, and a problem's group holds the samples of all its episodes. ``on_drift`` decides what a
 drifted call does: 'share' keeps the sample it drifted from, 'last' leaves that one out, 'error' stops
-the run; the batch's ``rollout/drifted_calls`` counts them. An agent that raises, runs past its timeout,
+the run; the batch's ``rollout/drifted_calls`` counts them. An agent may instead reward each call,
+``{'turn_rewards': [r_0, r_1, ...]}`` (one per call that returned, in call order): each call is then a
+sample of its own (its prompt, the earlier turns included, as context), with its return
+``G_k = r_k + turn_discount * G_(k+1)``, as the agent exports of AReaL and SkyRL's step-wise samples do.
+An agent that raises, runs past its timeout,
 returns something that is not a reward or never calls the client fails its episode in one line naming
 the agent, the problem and what to do; ``on_invalid_reward`` decides: stop the run ('error'), or drop
 the problem's group ('drop').
@@ -26,10 +30,11 @@ import inspect
 import math
 import threading
 from dataclasses import replace
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from lit_ppo.config.checks import check_choice
-from lit_ppo.config.rollout import DRIFT_RULES, TOOL_FORMATS, check_invalid_reward_action
+from lit_ppo.config.rollout import DRIFT_RULES, TOOL_FORMATS, check_invalid_reward_action, check_turn_settings
 from lit_ppo.errors import RunStopped
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.chat_client import AsyncEngineChatClient, EngineChatClient
@@ -71,6 +76,7 @@ class AgentWorkflow:
         timeout_s: seconds an episode may take.
         tool_format: the tool-call format of the client (``hermes``, ``json`` or ``auto``).
         on_drift: what a drifted call does: 'share', 'last' or 'error' (see the module docstring).
+        turn_discount: with per-turn rewards, a call's return is its reward plus this times the next call's.
         on_invalid_reward: what a failed episode does: 'error' stops the run, 'drop' drops its group.
         one_row_per_episode: lay out only each episode's final sample (the sequence its last call ended),
             as an evaluation scores episodes.
@@ -78,12 +84,14 @@ class AgentWorkflow:
 
     def __init__(self, tokenizer, task: AgentTask, params: SamplingParams, max_model_len: int, *,
                  episodes_in_flight: int = 32, timeout_s: float = 300.0, tool_format: str = "auto",
-                 on_drift: str = "share", on_invalid_reward: str = "error", one_row_per_episode: bool = False):
+                 on_drift: str = "share", turn_discount: float = 1.0, on_invalid_reward: str = "error",
+                 one_row_per_episode: bool = False):
         if not is_agent(task):
             raise TypeError(f"task {task_name(task)!r} has no agent(client, problem): it is not an agent task")
         check_invalid_reward_action(on_invalid_reward)
         check_choice("on_drift", on_drift, DRIFT_RULES)
         check_choice("tool_format", tool_format, TOOL_FORMATS)
+        check_turn_settings(1, turn_discount)
         if isinstance(episodes_in_flight, bool) or not isinstance(episodes_in_flight, int) or episodes_in_flight < 1:
             raise ValueError(f"episodes_in_flight={episodes_in_flight!r} is invalid: must be a positive integer")
         if not timeout_s > 0:
@@ -96,6 +104,7 @@ class AgentWorkflow:
         self.timeout_s = float(timeout_s)
         self.tool_format = tool_format
         self.on_drift = on_drift
+        self.turn_discount = float(turn_discount)
         self.on_invalid_reward = on_invalid_reward
         self.one_row_per_episode = one_row_per_episode
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -116,9 +125,8 @@ class AgentWorkflow:
         episodes, group_sizes = [], []
         for i, problem in enumerate(problems):
             group = []
-            for client, reward in results[i * self.params.n:(i + 1) * self.params.n]:
-                samples = client.episodes(drifted=self.on_drift != "last") or [_empty(problem)]
-                for episode in samples[-1:] if self.one_row_per_episode else samples:
+            for client, outcome in results[i * self.params.n:(i + 1) * self.params.n]:
+                for episode, reward in self._samples(client, outcome, problem):
                     episode.reward = reward
                     episode.completion = self._completion(episode)
                     group.append(episode)
@@ -128,12 +136,23 @@ class AgentWorkflow:
         batch.metrics = {"rollout/drifted_calls": float(sum(client.drifted_calls for client, _ in results))}
         return batch
 
+    def _samples(self, client: EngineChatClient, outcome: float | list[float],
+                 problem: Problem) -> list[tuple[Episode, float]]:
+        """The episode's samples and their rewards: with per-turn rewards (``outcome`` the calls' returns)
+        each call is a sample with its return; otherwise each token sequence (see the module docstring)
+        with the episode's reward. An evaluation's row is the final sequence, with the episode's return."""
+        if isinstance(outcome, list) and not self.one_row_per_episode:
+            return [(episode, value) for turn, value in zip(client.turns, outcome, strict=True) for episode in turn]
+        reward = outcome[0] if isinstance(outcome, list) else outcome
+        samples = client.episodes(drifted=self.on_drift != "last") or [_empty(problem)]
+        return [(episode, reward) for episode in (samples[-1:] if self.one_row_per_episode else samples)]
+
     async def _play_all(self, engine: RolloutEngine, plays: list[tuple[Problem, int]],
-                        seed: int | None) -> list[tuple[EngineChatClient, float]]:
+                        seed: int | None) -> list[tuple[EngineChatClient, float | list[float]]]:
         slots = asyncio.Semaphore(self.episodes_in_flight)
         shared = SharedGenerate(engine)  # what the episodes' calls send at once, the engine samples in one call
 
-        async def play(problem: Problem, index: int) -> tuple[EngineChatClient, float]:
+        async def play(problem: Problem, index: int) -> tuple[EngineChatClient, float | list[float]]:
             params = replace(self.params, n=1, seed=turn_seed(seed, index))
             client = EngineChatClient(shared, self.tokenizer, params, self.max_model_len, self.tool_format)
             async with slots:
@@ -155,6 +174,8 @@ class AgentWorkflow:
                                  f"differently (data.on_drift=error): keep the conversation as the client returned it, "
                                  f"or set data.on_drift=share or last")
             text = self._completion(client.episodes()[-1])
+            if isinstance(value, Mapping):
+                return client, self._turn_returns(value, client, problem, text)
             return client, checked_reward(value, task=task_name(self.task), prompt=problem.prompt, completion=text,
                                           on_invalid=self.on_invalid_reward)
 
@@ -169,6 +190,29 @@ class AgentWorkflow:
         except (Exception, SystemExit) as e:  # sys.exit() in an agent ends its episode, not the run
             reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
             raise AgentFailed(f"raised {type(e).__name__}{': ' + reason if reason else ''}") from e
+
+    def _turn_returns(self, value: Mapping, client: EngineChatClient, problem: Problem,
+                      text: str) -> float | list[float]:
+        """The return of each call, ``G_k = r_k + turn_discount * G_(k+1)``, of an agent's
+        ``{'turn_rewards': [r_0, r_1, ...]}`` (one reward per call that returned, in call order); NaN or
+        RunStopped (``on_invalid_reward``) for a dict of another shape or a reward that is not a number."""
+        if set(value) != {"turn_rewards"} or isinstance(value["turn_rewards"], (str, bytes)) or \
+                not isinstance(value["turn_rewards"], Sequence):
+            return self._failed(problem, f"returned a dict with keys {sorted(map(str, value))}: return the episode's "
+                                         f"reward, or {{'turn_rewards': [one reward per call, in call order]}}")
+        rewards = list(value["turn_rewards"])
+        if len(rewards) != len(client.turns):
+            return self._failed(problem, f"returned {len(rewards)} turn rewards for {len(client.turns)} calls: give "
+                                         f"one per call, in call order")
+        checked = [checked_reward(r, task=task_name(self.task), prompt=problem.prompt, completion=text,
+                                  on_invalid=self.on_invalid_reward) for r in rewards]
+        if any(math.isnan(r) for r in checked):
+            return math.nan
+        returns, following = [], 0.0
+        for reward in reversed(checked):
+            following = reward + self.turn_discount * following
+            returns.append(following)
+        return returns[::-1]
 
     def _failed(self, problem: Problem, what: str) -> float:
         """NaN (the group is dropped) with on_invalid_reward='drop'; else RunStopped in one line."""

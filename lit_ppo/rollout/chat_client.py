@@ -94,6 +94,9 @@ class EngineChatClient:
         self.sequences: list[_Sequence] = []
         self.drifted_calls = 0
         """Calls that extended an earlier call's messages but whose template renders it differently."""
+        self.turns: list[list[Episode]] = []
+        """Each call that returned, as samples of their own: one per choice, its prompt as context and its
+        completion generated (an agent that rewards each call trains on these, ``AgentWorkflow``)."""
         self.drifted_from: list[_Sequence] = []
         """The sequences that those calls extended (each started a sequence of its own instead)."""
         self.base_url: str | None = None
@@ -153,12 +156,17 @@ class EngineChatClient:
                              f"shorten the messages or lower max_tokens")
         with self._lock:
             (completions,) = self.engine.generate([prompt_ids], params)
-            choices = []
+            choices, turn = [], []
             for index, completion in enumerate(completions):
                 message, reason = self._message(completion, names, call, index)
                 if not self.closed:
                     self._record(extended, messages, prompt_ids, completion, message)
+                    turn.append(Episode(prompt=_first_user(messages)))
+                    turn[-1].add_context(prompt_ids)
+                    turn[-1].add_generation(completion)
                 choices.append(Choice(index=index, message=message, finish_reason=reason))
+            if turn:
+                self.turns.append(turn)
         generated = sum(len(c.token_ids) for c in completions)
         return ChatCompletion(id=f"chatcmpl-{call}", object="chat.completion", created=int(time.time()),
                               model=self.model, choices=choices,

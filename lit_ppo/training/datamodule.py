@@ -283,6 +283,7 @@ class RolloutDataModule(L.LightningDataModule):
             return AgentWorkflow(tokenizer, self.task, params, context,
                                  episodes_in_flight=cfg.episodes_in_flight, timeout_s=cfg.episode_timeout_s,
                                  tool_format=cfg.tool_format, on_drift="last" if evaluating else cfg.on_drift,
+                                 turn_discount=cfg.turn_discount,
                                  on_invalid_reward=cfg.on_invalid_reward, one_row_per_episode=evaluating)
         if is_multi_turn(self.task):
             return MultiTurnWorkflow(tokenizer, self.task, params, cfg.max_turns, cfg.turn_discount,

@@ -177,7 +177,7 @@ AGENT_BLOCKS = [b for b in DOC_BLOCKS if "def solve(client, problem)" in b and "
                 and "from agents" not in b]  # the Agents SDK's tools overflow the tiny model's context: unit-tested
 
 
-@pytest.mark.parametrize("block", AGENT_BLOCKS, ids=["client", "openai-over-http"])
+@pytest.mark.parametrize("block", AGENT_BLOCKS, ids=["client", "turn-rewards", "openai-over-http"])
 def test_the_docs_agents_train_as_written(block, cli_here, monkeypatch):
     (cli_here.cwd / "my_agent.py").write_text(block)
     monkeypatch.syspath_prepend(str(cli_here.cwd))

@@ -335,3 +335,50 @@ def test_the_agents_sdk_agent_of_the_docs_calls_its_tool_and_trains_one_sequence
     assert "Use calc for arithmetic." in text and '"name": "calc"' in text
     assert "<tool_response>\n7\n</tool_response>" in text
     assert torch.equal(batch.versions[batch.loss_mask].unique(), torch.tensor([5]))
+
+
+def rewards_each_call(client, problem):
+    """solve's two calls, each rewarded: 0.5 for calling the tool, 1.0 for the right answer."""
+    reward = solve(client, problem)
+    return {"turn_rewards": [0.5, reward]}
+
+
+def test_rewards_of_each_call_make_each_call_a_sample_with_its_discounted_return():
+    params = SamplingParams(n=2, max_new_tokens=128, stop_token_ids=[TOK.eos_token_id], seed=1)
+    flow = AgentWorkflow(TOK, AgentTask(rewards_each_call), params, max_model_len=4096, turn_discount=0.5)
+    batch = flow.run(AnsweringEngine(), PROBLEMS)
+    # Two calls per episode, two episodes per problem: four samples per group. G_1 = r_1, G_0 = 0.5 + 0.5 * G_1.
+    assert batch.group_sizes.tolist() == [4, 4]
+    assert batch.rewards.tolist() == [1.0, 1.0, 1.0, 1.0, 0.5, 0.0, 0.5, 0.0]
+    whole = workflow(solve).run(AnsweringEngine(), PROBLEMS)  # the same episodes, one sequence each
+    for row in range(8):
+        mask = batch.loss_mask[row]
+        assert batch.turn_ids[row][mask].unique().tolist() == [0]  # each sample holds one call's completion
+        length = int(batch.attention_mask[row].sum())
+        episode = row // 2
+        # The call's prompt and completion are the tokens of the whole episode's sequence up to its end.
+        assert torch.equal(batch.input_ids[row][:length], whole.input_ids[episode][:length])
+        expected = whole.loss_mask[episode][:length] & (whole.turn_ids[episode][:length] == row % 2)
+        assert torch.equal(mask[:length], expected)
+    evaluated = AgentWorkflow(TOK, AgentTask(rewards_each_call), params, max_model_len=4096, turn_discount=0.5,
+                              one_row_per_episode=True).run(AnsweringEngine(), PROBLEMS)
+    assert evaluated.rewards.tolist() == [1.0, 1.0, 0.5, 0.5]  # an episode scores its return, G_0
+
+
+@pytest.mark.parametrize("returned, expected", [
+    ({"reward": 1.0}, "returned a dict with keys ['reward']: return the episode's reward, or {'turn_rewards': "
+                      "[one reward per call, in call order]}"),
+    ({"turn_rewards": [1.0]}, "returned 1 turn rewards for 2 calls: give one per call, in call order"),
+    ({"turn_rewards": "1"}, "returned a dict with keys ['turn_rewards']"),
+    ({"turn_rewards": [1.0, "yes"]}, "task 'agent-test' returned reward 'yes' for prompt '3+4'"),
+])
+def test_a_malformed_dict_of_turn_rewards_fails_its_episode_in_one_line(returned, expected):
+    def agent(client, problem):
+        solve(client, problem)
+        return returned
+
+    with pytest.raises(RunStopped) as stopped:
+        workflow(agent).run(AnsweringEngine(), PROBLEMS)
+    assert expected in str(stopped.value) and "\n" not in str(stopped.value)
+    batch = workflow(agent, on_invalid_reward="drop").run(AnsweringEngine(), PROBLEMS)
+    assert all(math.isnan(r) for r in batch.rewards.tolist())
