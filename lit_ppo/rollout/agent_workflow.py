@@ -127,6 +127,7 @@ class AgentWorkflow:
             group = []
             for client, outcome in results[i * self.params.n:(i + 1) * self.params.n]:
                 for episode, reward in self._samples(client, outcome, problem):
+                    episode.prompt = problem.prompt  # not the conversation's first user message (an example)
                     episode.reward = reward
                     episode.completion = self._completion(episode)
                     group.append(episode)

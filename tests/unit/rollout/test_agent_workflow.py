@@ -382,3 +382,14 @@ def test_a_malformed_dict_of_turn_rewards_fails_its_episode_in_one_line(returned
     assert expected in str(stopped.value) and "\n" not in str(stopped.value)
     batch = workflow(agent, on_invalid_reward="drop").run(AnsweringEngine(), PROBLEMS)
     assert all(math.isnan(r) for r in batch.rewards.tolist())
+
+
+def test_each_sample_is_logged_under_its_problem_not_the_conversation_s_first_message():
+    def with_an_example(client, problem):
+        messages = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"},
+                    {"role": "user", "content": f"{problem.prompt}?"}]
+        client.chat.completions.create(model="policy", messages=messages)
+        return 1.0
+
+    batch = workflow(with_an_example).run(AnsweringEngine(), PROBLEMS)
+    assert batch.prompts == ["3+4", "3+4", "2*5", "2*5"]
