@@ -1,12 +1,13 @@
 """Agent benchmark: episodes per second of one agent with 1 episode in flight and with many.
 
-    python scripts/bench_agents.py            # quick (make bench): the tiny model
-    python scripts/bench_agents.py --full     # docs/benchmarks.md numbers: SmolLM2
+    python scripts/bench_agents.py                    # quick (make bench): the tiny model
+    python scripts/bench_agents.py --full             # docs/benchmarks.md numbers: SmolLM2
+    python scripts/bench_agents.py --full --engine vllm
 
 The agent is an ordinary function of an OpenAI-compatible client (``lit_ppo.rollout.agent_workflow``): it
 asks a problem (the tiny model: arithmetic; SmolLM2: a word problem), then follows up ``--turns - 1`` times in the same conversation (each call continues
 the episode's token sequence), and returns a reward. The same problems, episodes and sampling run twice
-through the HF engine, with ``--in-flight`` 1 and then ``--many`` (the calls that wait while the engine
+through the engine (``--engine``: hf or vllm), with ``--in-flight`` 1 and then ``--many`` (the calls that wait while the engine
 samples go in its next call, ``lit_ppo.rollout.shared_generate``); the table reports each run's episodes
 per second, its engine calls and the ratio of the two rates.
 """
@@ -72,17 +73,23 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32, help="max_tokens of each call")
     parser.add_argument("--many", type=int, default=32, help="episodes in flight of the second run")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="the rollout engine")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer = load_causal_lm("smollm2" if args.full else "tiny")[:2]
-    engine = HFEngine(model, tokenizer, max_batch_size=args.many)
+    if args.engine == "vllm":
+        from lit_ppo.rollout.vllm_engine import VLLMEngine
+
+        engine = VLLMEngine(model, tokenizer, seed=0)
+    else:
+        engine = HFEngine(model, tokenizer, max_batch_size=args.many)
     task = FollowUpAgent(WordProblemsTask() if args.full else ArithmeticTask(), args.turns, args.max_tokens)
     problems = task.problems("train")[:args.problems]
     params = SamplingParams(n=args.samples, max_new_tokens=args.max_tokens, stop_token_ids=[tokenizer.eos_token_id],
                             seed=0)
     context = model.config.max_position_embeddings
     print(f"{'SmolLM2' if args.full else 'tiny'}: {len(problems)} problems x {args.samples} episodes, "
-          f"{args.turns} calls each, max_tokens {args.max_tokens}; HF engine, {args.threads} threads")
+          f"{args.turns} calls each, max_tokens {args.max_tokens}; {args.engine} engine, {args.threads} threads")
     print("| episodes in flight | episodes | seconds | episodes/s | engine calls | prompts per call |")
     print("|---|---|---|---|---|---|")
     rates = []

@@ -33,7 +33,7 @@ from dataclasses import replace
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from lit_ppo.config.checks import check_choice
+from lit_ppo.config.checks import check_choice, check_positive_int, fail
 from lit_ppo.config.rollout import DRIFT_RULES, TOOL_FORMATS, check_invalid_reward_action, check_turn_settings
 from lit_ppo.errors import RunStopped
 from lit_ppo.rollout.batch import RolloutBatch
@@ -92,10 +92,9 @@ class AgentWorkflow:
         check_choice("on_drift", on_drift, DRIFT_RULES)
         check_choice("tool_format", tool_format, TOOL_FORMATS)
         check_turn_settings(1, turn_discount)
-        if isinstance(episodes_in_flight, bool) or not isinstance(episodes_in_flight, int) or episodes_in_flight < 1:
-            raise ValueError(f"episodes_in_flight={episodes_in_flight!r} is invalid: must be a positive integer")
+        check_positive_int("episodes_in_flight", episodes_in_flight)
         if not timeout_s > 0:
-            raise ValueError(f"timeout_s={timeout_s!r} is invalid: must be a number > 0")
+            fail("timeout_s", timeout_s, "a number of seconds > 0")
         self.tokenizer = tokenizer
         self.task = task
         self.params = params
