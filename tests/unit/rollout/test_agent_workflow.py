@@ -393,3 +393,33 @@ def test_each_sample_is_logged_under_its_problem_not_the_conversation_s_first_me
 
     batch = workflow(with_an_example).run(AnsweringEngine(), PROBLEMS)
     assert batch.prompts == ["3+4", "3+4", "2*5", "2*5"]
+
+
+def overflows(client, problem):
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x" * 5000}])
+
+
+def unknown_role(client, problem):
+    client.chat.completions.create(model="policy", messages=[{"role": "robot", "content": "1+1?"}])
+
+
+def malformed_tool(client, problem):
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "1+1?"}],
+                                   tools=[{"name": "calc"}])
+
+
+@pytest.mark.parametrize("agent, reason", [
+    (overflows, "raised ValueError: chat.completions.create: the conversation holds 5019 tokens and max_tokens=128, "
+                "more than the model's 4096: shorten the messages or lower max_tokens"),
+    (unknown_role, "raised ValueError: chat.completions.create: messages[0] has role 'robot': must be one of system, "
+                   "developer, user, assistant, tool"),
+    (malformed_tool, "raised ValueError: chat.completions.create: tools[0] is invalid: must be {'type': 'function', "
+                     "'function': {'name': ..., 'parameters': {...}}}"),
+])
+def test_a_request_the_client_refuses_fails_the_episode_in_one_line_naming_agent_and_problem(agent, reason):
+    with pytest.raises(RunStopped) as stopped:
+        workflow(agent).run(AnsweringEngine(), PROBLEMS)
+    assert str(stopped.value) == (f"agent {__name__}.{agent.__name__} {reason} on problem '3+4': fix the agent, or set "
+                                  f"data.on_invalid_reward=drop to drop the groups of failed episodes")
+    batch = workflow(agent, on_invalid_reward="drop").run(AnsweringEngine(), PROBLEMS)
+    assert all(math.isnan(r) for r in batch.rewards.tolist())
