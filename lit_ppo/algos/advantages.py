@@ -15,7 +15,7 @@ import torch
 from lit_ppo.algos.gae import ADVANTAGE_ESTIMATORS, validate_turn_ids
 from lit_ppo.algos.kl import kl_reward
 from lit_ppo.algos.lambda_fn import GaeLambdaContext, resolve_gae_lambda
-from lit_ppo.algos.normalize import normalize
+from lit_ppo.algos.normalize import normalize, normalize_then_sum
 from lit_ppo.algos.rewards import overlong_penalty, shape_rewards
 
 if TYPE_CHECKING:
@@ -47,8 +47,13 @@ def compute_advantages(rewards: torch.Tensor, mask: torch.Tensor, cfg: PPOActorC
                        old_logp: torch.Tensor | None = None, ref_logp: torch.Tensor | None = None,
                        values: torch.Tensor | None = None, final_values: torch.Tensor | None = None,
                        truncated: torch.Tensor | None = None,
-                       turn_ids: torch.Tensor | None = None) -> Advantages:
+                       turn_ids: torch.Tensor | None = None, reward_terms: torch.Tensor | None = None,
+                       reward_weights: torch.Tensor | None = None) -> Advantages:
     """Advantages and returns of a batch from raw outcome rewards ``[B]``.
+
+    ``reward_terms`` ``[B, K]`` (each reward function's values, NaN where it gave none) and ``reward_weights``
+    ``[K]`` are read under ``cfg.multi_objective_aggregation='normalize_then_sum'`` when K > 1: they replace
+    ``rewards`` in steps 2 and 3 (GDPO's decoupled normalisation).
 
     ``old_logp`` / ``ref_logp`` are needed when ``cfg.kl_ctl > 0``; ``values`` (``[B, T]``, state
     before token t) and ``final_values`` (``[B]``, state after the last token) come from the critic,
@@ -58,12 +63,19 @@ def compute_advantages(rewards: torch.Tensor, mask: torch.Tensor, cfg: PPOActorC
     B = mask.shape[0]
     truncated = torch.zeros(B, dtype=torch.bool, device=mask.device) if truncated is None else truncated.bool()
 
-    R = rewards.float()
-    if cfg.overlong_reward_penalty:
-        R = R + overlong_penalty(mask.sum(1), max_new_tokens=cfg.max_new_tokens,
-                                 overlong_tokens=cfg.overlong_tokens, factor=cfg.overlong_penalty_factor)
-    R = shape_rewards(R, bias=cfg.reward_bias, scaling=cfg.reward_scaling, clip=cfg.reward_clip)
-    R = normalize(R, cfg.reward_norm, group_sizes=group_sizes)
+    decoupled = (cfg.multi_objective_aggregation == "normalize_then_sum" and reward_terms is not None
+                 and reward_terms.shape[1] > 1)
+    if decoupled:  # GDPO: None (NaN) read as 0, as its authors' code does
+        terms = shape_rewards(reward_terms.float().nan_to_num(0.0), bias=cfg.reward_bias, scaling=cfg.reward_scaling,
+                              clip=cfg.reward_clip)
+        R = normalize_then_sum(terms, reward_weights, cfg.reward_norm, group_sizes=group_sizes)
+    else:
+        R = rewards.float()
+        if cfg.overlong_reward_penalty:
+            R = R + overlong_penalty(mask.sum(1), max_new_tokens=cfg.max_new_tokens,
+                                     overlong_tokens=cfg.overlong_tokens, factor=cfg.overlong_penalty_factor)
+        R = shape_rewards(R, bias=cfg.reward_bias, scaling=cfg.reward_scaling, clip=cfg.reward_clip)
+        R = normalize(R, cfg.reward_norm, group_sizes=group_sizes)
 
     if cfg.kl_ctl > 0:
         if old_logp is None or ref_logp is None:

@@ -9,6 +9,7 @@ is initialised; groups never span ranks.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -92,3 +93,15 @@ def normalize(x: torch.Tensor, cfg: NormConfig | None, mask: torch.Tensor | None
             sigma = torch.where(n == 0, torch.ones_like(ss), (ss / n.clamp(min=1)).sqrt())
         eps = cfg.eps
     return (centred / (sigma + eps)).to(torch.float32)
+
+
+def normalize_then_sum(terms: torch.Tensor, weights: torch.Tensor, cfg: NormConfig | None,
+                       group_sizes: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:
+    """GDPO's decoupled normalisation (docs/algorithms.md#several-rewards-normalised) of ``terms`` ``[B, K]``, the
+    values of K reward functions: each column normalised by ``cfg`` on its own, their sum weighted by
+    ``weights`` ``[K]``, that sum normalised over the batch's rows (mean and std over all ranks, with ``cfg``'s
+    Bessel correction and eps). ``[B]`` float32."""
+    columns = [normalize(column, cfg, group_sizes=group_sizes).double() for column in terms.unbind(1)]
+    weighted = sum(w * column for w, column in zip(weights.double().tolist(), columns))
+    batch = replace(cfg or NormConfig(), mean_level="batch", mean_leave1out=False, std_level="batch")
+    return normalize(weighted, batch)

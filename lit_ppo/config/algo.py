@@ -20,6 +20,7 @@ REJECTION_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3", "binary_kl")
 REJECTION_AGGS = ("mean", "sum", "max")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 GAE_UNITS = ("token", "turn")
+MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
@@ -155,6 +156,11 @@ class PPOActorConfig:
     """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens by c|A|, or None."""
     reward_norm: NormConfig | None = None
     """Normalisation of the scalar outcome rewards [B] (group z-score for GRPO), or None."""
+    multi_objective_aggregation: str = "sum_then_normalize"
+    """How the values of a task's several reward functions become one normalised reward: 'sum_then_normalize'
+    (their weighted sum, shaped and normalised as one reward) or 'normalize_then_sum' (GDPO, arXiv:2601.05242:
+    each function's values shaped and normalised by reward_norm on their own, None read as 0, their weighted sum
+    then normalised over the batch's rows). A task with one reward is normalised as one either way."""
     reward_scaling: float = 1.0
     """Reward multiplier, applied after reward_bias."""
     reward_bias: float = 0.0
@@ -235,6 +241,7 @@ class PPOActorConfig:
         check_number("kl_ctl", self.kl_ctl, low=0.0)
         check_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
         check_choice("gae_timestep_unit", self.gae_timestep_unit, GAE_UNITS)
+        check_choice("multi_objective_aggregation", self.multi_objective_aggregation, MULTI_OBJECTIVE_AGGREGATIONS)
         check_choice("importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
         check_choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
         check_positive_int("max_new_tokens", self.max_new_tokens)
@@ -248,6 +255,10 @@ class PPOActorConfig:
             if self.overlong_tokens > self.max_new_tokens:
                 fail("overlong_tokens", self.overlong_tokens, f"<= max_new_tokens ({self.max_new_tokens})")
             check_number("overlong_penalty_factor", self.overlong_penalty_factor, low=0.0)
+            if self.multi_objective_aggregation == "normalize_then_sum":
+                raise ValueError("overlong_reward_penalty=true cannot be used with multi_objective_aggregation="
+                                 "normalize_then_sum: the penalty would be one more reward; give it as a reward "
+                                 "function of its own")
 
         if self.use_sapo_loss and self.policy_loss not in ("ppo", "sapo"):
             fail("policy_loss", self.policy_loss, "'sapo' (or unset) when use_sapo_loss is true")

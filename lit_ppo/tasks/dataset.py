@@ -385,6 +385,11 @@ class DatasetTask:
         return tuple(f.metric for f in self._fns)
 
     @property
+    def term_weights(self) -> tuple[float, ...]:
+        """Each reward function's weight, in the order of ``reward_names`` (1.0 where reward_weights is None)."""
+        return tuple(f.weight for f in self._fns)
+
+    @property
     def accuracy_term(self) -> str:
         """The metric name of the function that decides what evaluation counts as solved."""
         return self._accuracy.metric

