@@ -56,14 +56,14 @@ def token_batch_zscore(per_row: list[float], eps: float = 1e-5) -> list[float]:
     return [(v - mu) / (sd + eps) for v in per_row]
 
 
-def group_zscore(eps: float = 1e-5) -> list[float]:
-    out = [0.0] * len(REWARDS)
+def group_zscore(eps: float = 1e-5, values: list[float] = REWARDS) -> list[float]:
+    out = [0.0] * len(values)
     for g in GROUPS:
-        rs = [REWARDS[i] for i in g]
+        rs = [values[i] for i in g]
         mu = mean(rs)
         sd = std_unbiased(rs, mu)
         for i in g:
-            out[i] = (REWARDS[i] - mu) / (sd + eps)
+            out[i] = (values[i] - mu) / (sd + eps)
     return out
 
 
@@ -263,16 +263,7 @@ WEIGHTS = [1.0, 0.5]
 
 def test_gdpo_each_reward_group_zscored_then_the_weighted_sum_batch_zscored():
     eps = 1e-4
-    columns = []
-    for values in (REWARDS, [0.0 if math.isnan(v) else v for v in FORMAT]):
-        z = [0.0] * len(values)
-        for g in GROUPS:
-            vs = [values[i] for i in g]
-            mu = mean(vs)
-            sd = std_unbiased(vs, mu)
-            for i in g:
-                z[i] = (values[i] - mu) / (sd + eps)
-        columns.append(z)
+    columns = [group_zscore(eps, values) for values in (REWARDS, [0.0 if math.isnan(v) else v for v in FORMAT])]
     summed = [WEIGHTS[0] * a + WEIGHTS[1] * b for a, b in zip(*columns)]
     mu = mean(summed)
     sd = std_unbiased(summed, mu)  # over the rows, not the tokens
