@@ -56,14 +56,14 @@ def metric(cwd, name: str) -> list[float]:
 
 @pytest.mark.slow
 def test_the_shipped_agent_learns_the_arithmetic_problems_from_the_cli(cli):
-    result = cli("fit", "data=agent", "logger=csv", "trainer.max_steps=16", "eval.max_problems=64", timeout=600)
+    result = cli("fit", "data=agent", "logger=csv", "trainer.max_steps=12", "eval.max_problems=64", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rewards = metric(cli.cwd, "rollout/reward_mean")
-    assert len(rewards) == 16
-    # Measured: 0.09 at the start, 0.15-0.35 from iteration 13 on (the reward of a right first answer is 1,
-    # of a right second one 0.5).
+    assert len(rewards) == 12
+    # Measured on four runs (two seeds, two learning rates): 0.025-0.032 over iterations 1-4, 0.133-0.159 over
+    # 9-12 (a right first answer is worth 1, a right second one 0.5).
     assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.05, rewards
-    assert metric(cli.cwd, "rollout/drifted_calls") == [0.0] * 16  # every retry continued its conversation
+    assert metric(cli.cwd, "rollout/drifted_calls") == [0.0] * 12  # every retry continued its conversation
     config = (run_dir(cli.cwd) / "config.yaml").read_text()
     assert "agent: lit_ppo.tasks.retry_agent.answer_with_retries" in config and "episodes_in_flight: 32" in config
 
@@ -184,7 +184,9 @@ def test_the_docs_agents_train_as_written(block, cli_here, monkeypatch):
     monkeypatch.delitem(sys.modules, "my_agent", raising=False)
     result = cli_here("fit", "data=agent", "data.task_kwargs.agent=my_agent.solve", *FAST)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "`Trainer.fit` stopped: `max_steps=2` reached." in result.stderr + result.stdout
+    # In this process Lightning's own log line goes to a handler made at import: the progress lines tell.
+    lines = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("iteration ")]
+    assert lines == ["1/2", "2/2"], result.stdout
 
 
 @pytest.mark.slow
