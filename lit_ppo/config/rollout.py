@@ -95,9 +95,9 @@ class RolloutConfig:
     Hermes / Qwen), 'json' (the reply is the JSON call) or 'auto' (hermes where the chat template writes
     ``<tool_call>``, else json)."""
     on_drift: str = "share"
-    """An agent's call that extends its conversation but whose chat template renders the earlier turns
-    differently (a reasoning model dropping past thinking, a trimmed history) starts a sample of its own,
-    counted in ``rollout/drifted_calls``. 'share': the sample it drifted from is kept and every sample of
+    """An agent's call whose chat template renders the earlier turns differently (a reasoning model dropping
+    past thinking), or whose history the agent trimmed or rewrote, starts a sample of its own, counted in
+    ``rollout/drifted_calls``. 'share': the sample it drifted from is kept and every sample of
     the episode carries the episode's reward; 'last': the sample it drifted from is not trained on; 'error':
     the run stops, naming the agent and the problem."""
     on_invalid_reward: str = "error"

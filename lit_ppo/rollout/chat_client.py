@@ -13,8 +13,10 @@ Token-in, token-out: a call whose messages extend an earlier call's messages and
 continues that call's token sequence. The earlier tokens stay exactly as sampled; only the new
 messages' tokens (rendered by the template after the reply) are appended, and the engine samples from
 that very sequence. Where the template renders the earlier turns differently once more messages follow
-(a reasoning model dropping past thinking, a history the agent trimmed or rewrote), the call starts a
-sequence of its own and ``drifted_calls`` counts it. ``episodes()`` gives one ``Episode`` per sequence
+(a reasoning model dropping past thinking), or where the agent trimmed or rewrote the history (its request
+carries an assistant turn and opens as an earlier conversation did, but extends none), the call starts a
+sequence of its own and ``drifted_calls`` counts it. A new conversation, or the same question asked
+afresh, is a sequence of its own too, not a drift. ``episodes()`` gives one ``Episode`` per sequence
 that no later call extended: the samples of the agent's run.
 """
 
@@ -93,12 +95,12 @@ class EngineChatClient:
         self._assistant_close = self._template_close()
         self.sequences: list[_Sequence] = []
         self.drifted_calls = 0
-        """Calls that extended an earlier call's messages but whose template renders it differently."""
+        """Calls that drifted from an earlier call's sequence (see the module docstring)."""
         self.turns: list[list[Episode]] = []
         """Each call that returned, as samples of their own: one per choice, its prompt as context and its
         completion generated (an agent that rewards each call trains on these, ``AgentWorkflow``)."""
         self.drifted_from: list[_Sequence] = []
-        """The sequences that those calls extended (each started a sequence of its own instead)."""
+        """The sequences those calls drifted from (each call started a sequence of its own instead)."""
         self.base_url: str | None = None
         """Where the same episode is served over HTTP (``lit_ppo.rollout.chat_endpoint``), for an agent that
         talks to it with ``openai.OpenAI(base_url=client.base_url, api_key=client.api_key)``; None if nowhere."""
@@ -142,18 +144,17 @@ class EngineChatClient:
             params = replace(params, seed=self.params.seed + call)
         extended = self._extended(messages)
         text = self._render(messages, tools, add_generation_prompt=True)
-        prompt_ids = None
-        if extended is not None:
-            prompt_ids = self._continued(extended, text, tools)
-            if prompt_ids is None:
-                self.drifted_calls += 1
-                self.drifted_from.append(extended)
+        prompt_ids = None if extended is None else self._continued(extended, text, tools)
+        drifted = (extended if prompt_ids is None else None) if extended is not None else self._rewritten(messages)
         if prompt_ids is None:
             prompt_ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         if len(prompt_ids) + params.max_new_tokens > self.max_model_len:
             raise ValueError(f"chat.completions.create: the conversation holds {len(prompt_ids)} tokens and "
                              f"max_tokens={params.max_new_tokens}, more than the model's {self.max_model_len}: "
                              f"shorten the messages or lower max_tokens")
+        if drifted is not None:
+            self.drifted_calls += 1
+            self.drifted_from.append(drifted)
         with self._lock:
             (completions,) = self.engine.generate([prompt_ids], params)
             choices, turn = [], []
@@ -220,6 +221,14 @@ class EngineChatClient:
             if len(messages) > len(prefix) and messages[:len(prefix)] == prefix:
                 return sequence
         return None
+
+    def _rewritten(self, messages: list[dict]) -> _Sequence | None:
+        """The latest sequence whose conversation ``messages`` rewrites: a request that extends none, carries an
+        earlier assistant turn, and opens with the same first user message (a trimmed or edited history)."""
+        if not any(m["role"] == "assistant" for m in messages):
+            return None  # a conversation of its own, or the same question asked afresh
+        first = _first_user(messages)
+        return next((s for s in reversed(self.sequences) if _first_user(s.messages) == first), None)
 
     def _continued(self, sequence: _Sequence, after: str, tools: list[dict]) -> list[int] | None:
         """The tokens of the request rendered as ``after`` as the continuation of ``sequence``: its tokens as

@@ -161,14 +161,19 @@ def test_a_template_that_renders_earlier_turns_differently_starts_a_sample_and_c
     assert [len(e.segments) for e in client.episodes()] == [2, 2]
 
 
-def test_a_new_conversation_and_a_rewritten_history_are_samples_of_their_own():
-    client, engine, tok = client_of(CHATML, "7", "9", "5")
+def test_a_new_conversation_and_a_rewritten_history_are_samples_of_their_own_and_only_the_rewrite_drifts():
+    client, engine, tok = client_of(CHATML, "7", "9", "7", "5")
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": "3+4?"}])
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": "4+5?"}])
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "3+4?"}])  # asked afresh
+    assert len(client.episodes()) == 3 and client.drifted_calls == 0
     rewritten = [{"role": "user", "content": "3+4?"}, {"role": "assistant", "content": "seven"},
                  {"role": "user", "content": "2+3?"}]
     client.chat.completions.create(model="m", messages=rewritten)
-    assert len(client.episodes()) == 3 and client.drifted_calls == 0
+    assert len(client.episodes()) == 4 and client.drifted_calls == 1
+    # The rewrite drifted from the latest sequence that opened with "3+4?"; data.on_drift=last leaves it out.
+    assert client.drifted_from == [client.sequences[2]]
+    assert len(client.episodes(drifted=False)) == 3
 
 
 def test_a_malformed_call_is_content_and_a_cut_off_reply_has_length():
