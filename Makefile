@@ -45,6 +45,7 @@ bench: setup
 	$(PY) scripts/bench_train.py
 	$(PY) scripts/bench_async.py
 	$(PY) scripts/bench_agents.py
+	$(PY) scripts/bench_rewards.py
 	$(PY) scripts/bench_vs_trl.py
 
 clean:

@@ -111,6 +111,22 @@ def task_name(task: Task) -> str:
     return str(getattr(task, "name", type(task).__name__))
 
 
+def batch_rewards(task: Task, problems: list[Problem], completions: list[list[Completion]],
+                  texts: list[list[str]]) -> list[GroupScores]:
+    """The task's raw rewards of several prompts' completions: one ``task.score_groups(problems, texts, token
+    ids, version)`` call if the task has it (a batch's reward calls awaited together), else ``group_rewards``
+    per prompt."""
+    if not problems or not hasattr(task, "score_groups"):
+        return [group_rewards(task, p, c, t) for p, c, t in zip(problems, completions, texts, strict=True)]
+    scores = task.score_groups(problems, texts, [[c.token_ids for c in group] for group in completions],
+                               completions[0][0].version)
+    for group, score in zip(texts, scores, strict=True):
+        if len(score.rewards) != len(group):
+            raise RunStopped(f"task {task_name(task)!r} returned {len(score.rewards)} rewards for {len(group)} "
+                             f"completions")
+    return list(scores)
+
+
 def group_rewards(task: Task, problem: Problem, completions: list[Completion], texts: list[str]) -> GroupScores:
     """The task's raw rewards of one prompt's ``completions`` (decoded as ``texts``): one
     ``task.score_group(problem, texts, token ids, version)`` call if the task has it (reward functions
@@ -215,12 +231,14 @@ class SingleTurnWorkflow:
         params = self.params if seed is None else replace(self.params, seed=seed)
         prompts = [self.prompt_ids(p) for p in problems]
         groups = engine.generate(prompts, params)
-        episodes = []
-        for problem, prompt, completions in zip(problems, prompts, groups, strict=True):
+        for completions in groups:
             if len(completions) != params.n:
                 raise ValueError(f"engine returned {len(completions)} completions for a prompt, expected n={params.n}")
-            texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
-            scores = group_rewards(self.task, problem, completions, texts)
+        texts_of = [[self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in group] for group in groups]
+        episodes = []
+        for problem, prompt, completions, texts, scores in zip(problems, prompts, groups, texts_of,
+                                                               batch_rewards(self.task, problems, groups, texts_of),
+                                                               strict=True):
             for i, (completion, text, value) in enumerate(zip(completions, texts, scores.rewards, strict=True)):
                 reward = checked_reward(value, task=task_name(self.task), prompt=problem.prompt, completion=text,
                                         on_invalid=self.on_invalid_reward)

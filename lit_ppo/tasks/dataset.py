@@ -29,7 +29,8 @@ from typing import Any, ClassVar, Sequence
 
 from lit_ppo.tasks.base import Columns, Problem, split_problems, vocabulary_ids
 from lit_ppo.tasks.rewards import (CALL_KEYWORDS, DEFAULT_FORMAT_PATTERN, NEEDS_ANSWER, GroupScores, RewardFunction,
-                                   check_call_signatures, combined_rewards, resolve_reward_fns)
+                                   DEFAULT_REWARD_CONCURRENCY, RewardCall, check_call_signatures, resolve_reward_fns,
+                                   score_calls)
 from lit_ppo.utils.fs import existing_path, user_path
 
 PREFIX = "data.task_kwargs."
@@ -304,6 +305,12 @@ class DatasetTask:
     """The reward function whose value decides what evaluation counts as solved (``eval/accuracy``,
     pass@k, mean@k: its value reaches ``eval.success_threshold``), as written in ``reward_fns`` or by its
     metric name. None: the only function, else the first whose name does not contain "format"."""
+    reward_concurrency: int = DEFAULT_REWARD_CONCURRENCY
+    """Calls of ``async def`` reward functions awaited at once: a batch's groups are scored together, so a
+    slow reward (a judge, a remote service) does not serialise the batch."""
+    reward_timeout_s: float | None = None
+    """Seconds one call of an ``async def`` reward function may take; past it the run stops, naming the
+    function and the prompt. None: no limit."""
     format_pattern: str = DEFAULT_FORMAT_PATTERN
     """The regular expression of the built-in ``format`` reward (searched anywhere in the completion)."""
     completion_tokens: list[str] | None = None
@@ -339,6 +346,14 @@ class DatasetTask:
                 raise ValueError(f"{PREFIX}completion_tokens={tokens!r} is invalid: must be a non-empty list of "
                                  f"vocabulary entries (strings) or null")
             self.completion_tokens = [str(t) for t in tokens]
+        if isinstance(self.reward_concurrency, bool) or not isinstance(self.reward_concurrency, int) \
+                or self.reward_concurrency < 1:
+            raise ValueError(f"{PREFIX}reward_concurrency={self.reward_concurrency!r} is invalid: must be a positive "
+                             f"integer")
+        if self.reward_timeout_s is not None and (isinstance(self.reward_timeout_s, bool) or not isinstance(
+                self.reward_timeout_s, (int, float)) or not self.reward_timeout_s > 0):
+            raise ValueError(f"{PREFIX}reward_timeout_s={self.reward_timeout_s!r} is invalid: must be a number of "
+                             f"seconds > 0 or null")
         self._fns = resolve_reward_fns(self.reward_fns, self.reward_weights, self.format_pattern)
         self._accuracy = self._accuracy_function()
         self._needs_answer = next((f.name for f in self._fns if f.name in NEEDS_ANSWER), None)
@@ -413,18 +428,26 @@ class DatasetTask:
 
     def score_group(self, problem: Problem, completions: list[str], completion_ids: list[list[int]],
                     step: int) -> GroupScores:
-        """The rewards of one prompt's completions (their texts and token ids, sampled at iteration ``step``),
-        with one call of each reward function (as in TRL, the prompt and every column are repeated once
-        per completion)."""
-        n = len(completions)
-        if problem.messages is not None:
-            prompts: list = [[dict(m) for m in problem.messages] for _ in range(n)]
-            texts: list = [[{"role": "assistant", "content": c}] for c in completions]
-        else:
-            prompts, texts = [problem.prompt] * n, list(completions)
-        columns = {k: [v] * n for k, v in problem.columns.items()}
-        return combined_rewards(self._fns, prompts, texts, [list(ids) for ids in completion_ids], columns,
-                                [problem.answer] * n, step)
+        """The rewards of one prompt's completions (their texts and token ids, sampled at iteration ``step``)."""
+        return self.score_groups([problem], [completions], [completion_ids], step)[0]
+
+    def score_groups(self, problems: list[Problem], completions: list[list[str]], completion_ids: list[list[list[int]]],
+                     step: int) -> list[GroupScores]:
+        """The rewards of several prompts' completions, one call of each reward function per prompt (as in TRL,
+        the prompt and every column are repeated once per completion); the asynchronous ones' calls awaited
+        together, ``reward_concurrency`` at once, each within ``reward_timeout_s``."""
+        calls = []
+        for problem, texts, ids in zip(problems, completions, completion_ids, strict=True):
+            n = len(texts)
+            if problem.messages is not None:
+                prompts: list = [[dict(m) for m in problem.messages] for _ in range(n)]
+                shown: list = [[{"role": "assistant", "content": c}] for c in texts]
+            else:
+                prompts, shown = [problem.prompt] * n, list(texts)
+            columns = {k: [v] * n for k, v in problem.columns.items()}
+            calls.append(RewardCall(prompts, shown, [list(i) for i in ids], columns, [problem.answer] * n))
+        return score_calls(self._fns, calls, step, concurrency=self.reward_concurrency,
+                           timeout_s=self.reward_timeout_s)
 
     def allowed_completion_tokens(self, tokenizer) -> list[int] | None:
         """Ids of ``completion_tokens`` and the tokenizer's EOS; None (free text) without them."""

@@ -9,7 +9,8 @@ the completions' token ids (lists of ints, the stop token included), ``trainer_s
 column of the dataset arrives as a keyword holding a list of the same length. So reward functions
 written for TRL run unchanged (they should accept ``**kwargs``), and so do functions written as
 ``fn(prompts, completions, answer, **kwargs)``. A function may be ``async def`` (or return an
-awaitable): the awaitables of one call are awaited together, on an event loop of their own. A value
+awaitable): the awaitables of a batch's groups are awaited together, on an event loop of their own, a
+limited number at once and each within a timeout (``score_calls``). A value
 of None means "not applicable to this sample". The sample's reward is ``sum_i w_i * r_i`` over the
 functions that returned a number (TRL's weighted nansum); if every function returned None, the reward
 is None, which the workflow treats as an invalid reward (``data.on_invalid_reward``: stop the run, or
@@ -230,10 +231,6 @@ def _event_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
-async def _gather(awaitables: list) -> list:
-    return await asyncio.gather(*awaitables, return_exceptions=True)
-
-
 def _short(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
@@ -263,36 +260,111 @@ def _values(f: RewardFunction, values: Any, n: int) -> list:
     return list(values)
 
 
-def combined_rewards(fns: Sequence[RewardFunction], prompts: list, completions: list, completion_ids: list[list[int]],
-                     columns: dict[str, list], answers: list[str], step: int) -> GroupScores:
-    """Every function's values for these completions (called as TRL calls them, ``trainer_state.global_step``
-    = ``step``; the awaitables that asynchronous ones return awaited together) and their weighted sum.
+@dataclass(frozen=True)
+class RewardCall:
+    """What the reward functions are called with for one prompt group (TRL's keywords)."""
 
-    RunStopped in one line naming the function (and the first sample) if it raises, or returns
-    something other than a list with one value per sample."""
-    n = len(completions)
+    prompts: list
+    """The group's prompt, once per completion."""
+    completions: list
+    """The completions (strings, or ``[{'role': 'assistant', 'content': text}]`` for a chat prompt)."""
+    completion_ids: list[list[int]]
+    """Their token ids, the stop token included."""
+    columns: dict[str, list]
+    """Every other column of the problem's record, once per completion."""
+    answers: list[str]
+    """The gold answer, once per completion (the built-ins' ``answer``)."""
+
+
+DEFAULT_REWARD_CONCURRENCY = 32
+"""Awaitables of asynchronous reward functions awaited at once, by default."""
+
+
+def score_calls(fns: Sequence[RewardFunction], calls: Sequence[RewardCall], step: int, *,
+                concurrency: int = DEFAULT_REWARD_CONCURRENCY, timeout_s: float | None = None) -> list[GroupScores]:
+    """Every function's values for each group of ``calls`` and their weighted sums.
+
+    Each function is called once per group, as TRL calls it (``trainer_state.global_step`` = ``step``); a
+    synchronous one computes there and then, in order. The awaitables that asynchronous ones return, of
+    every group, are awaited together on the reward event loop, at most ``concurrency`` at once and each
+    within ``timeout_s`` seconds (None: no limit), so a slow reward does not serialise the batch.
+
+    RunStopped in one line naming the function (and the first sample of its group) if it raises, runs past
+    ``timeout_s``, or returns something other than a list with one value per sample."""
     state = TrainerState(global_step=step)
-    outputs: list[Any] = []
-    for f in fns:
-        kwargs = dict(columns)
-        if f.builtin:
-            kwargs["answer"] = answers
-        try:
-            outputs.append(f.fn(prompts=prompts, completions=completions, completion_ids=completion_ids,
-                                trainer_state=state, **kwargs))
-        except KeyboardInterrupt as e:
-            if not _interrupt_is_its_own():
-                raise
-            raise _raised(f, e, prompts, completions) from e
-        except Exception as e:
-            raise _raised(f, e, prompts, completions) from e
-    pending = [i for i, out in enumerate(outputs) if inspect.isawaitable(out)]
+    outputs: list[list[Any]] = []
+    try:
+        for call in calls:
+            outputs.append([])
+            for f in fns:
+                outputs[-1].append(_called(f, call, state))
+    except BaseException:
+        _close_awaitables(outputs)
+        raise
+    pending = [(g, i) for g, outs in enumerate(outputs) for i, out in enumerate(outs) if inspect.isawaitable(out)]
     if pending:
-        done = asyncio.run_coroutine_threadsafe(_gather([outputs[i] for i in pending]), _event_loop()).result()
-        for i, out in zip(pending, done):
+        awaitables = [outputs[g][i] for g, i in pending]
+        done = asyncio.run_coroutine_threadsafe(_bounded(awaitables, concurrency, timeout_s), _event_loop()).result()
+        for (g, i), out in zip(pending, done):
+            call = calls[g]
+            if isinstance(out, _TimedOut):
+                raise RunStopped(f"reward function {fns[i].name!r} took more than {timeout_s:g} s for prompt "
+                                 f"{_short(call.prompts[0])}: make it faster or raise data.task_kwargs.reward_timeout_s")
             if isinstance(out, BaseException):
-                raise _raised(fns[i], out, prompts, completions) from out
-            outputs[i] = out
+                raise _raised(fns[i], out, call.prompts, call.completions) from out
+            outputs[g][i] = out
+    return [_combined(fns, outs, len(call.completions)) for call, outs in zip(calls, outputs)]
+
+
+def _called(f: RewardFunction, call: RewardCall, state: TrainerState) -> Any:
+    """``f``'s return value for one group (an awaitable, for an asynchronous function)."""
+    kwargs = dict(call.columns)
+    if f.builtin:
+        kwargs["answer"] = call.answers
+    try:
+        return f.fn(prompts=call.prompts, completions=call.completions, completion_ids=call.completion_ids,
+                    trainer_state=state, **kwargs)
+    except KeyboardInterrupt as e:
+        if not _interrupt_is_its_own():
+            raise
+        raise _raised(f, e, call.prompts, call.completions) from e
+    except Exception as e:
+        raise _raised(f, e, call.prompts, call.completions) from e
+
+
+def _close_awaitables(outputs: list[list[Any]]) -> None:
+    """Close the coroutines that will not be awaited (a later call raised), so none is left unawaited."""
+    for outs in outputs:
+        for out in outs:
+            if inspect.iscoroutine(out):
+                out.close()
+
+
+class _TimedOut:
+    """What an awaitable that ran past the timeout gives (a function's own TimeoutError is its error)."""
+
+
+async def _bounded(awaitables: list, limit: int, timeout_s: float | None) -> list:
+    """Each awaitable's result (or the exception it raised, ``_TimedOut`` past ``timeout_s``), at most ``limit``
+    awaited at once."""
+    slots = asyncio.Semaphore(limit)
+
+    async def one(awaitable):
+        async with slots:
+            deadline = asyncio.timeout(timeout_s)
+            try:
+                async with deadline:
+                    return await awaitable
+            except TimeoutError:
+                if deadline.expired():
+                    return _TimedOut()
+                raise
+
+    return await asyncio.gather(*(one(a) for a in awaitables), return_exceptions=True)
+
+
+def _combined(fns: Sequence[RewardFunction], outputs: list[Any], n: int) -> GroupScores:
+    """The weighted sums and each function's values of one group's outputs."""
     totals: list[Any] = [None] * n
     terms: dict[str, list[float]] = {}
     for f, out in zip(fns, outputs):

@@ -55,3 +55,12 @@ def test_bench_agents_batches_the_calls_of_episodes_in_flight():
     assert one == (1, 8, 16)  # 8 episodes of 2 calls: 16 engine calls
     assert many[:2] == (8, 8) and many[2] < 16
     assert re.search(r"8 in flight / 1: \d+\.\d\dx", out)
+
+
+def test_bench_rewards_awaits_a_batch_s_slow_reward_calls_together():
+    """8 calls of a 0.1-second asynchronous reward: one at a time about 0.8 s, all at once about 0.1 s."""
+    out = run_script("bench_rewards.py", "--prompts", "8")
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if re.match(r"\| \d+ \| \d+ \|", line)]
+    (one, many) = [(int(r[0]), int(r[1]), float(r[2])) for r in rows]
+    assert one[:2] == (1, 8) and many[:2] == (8, 8)
+    assert one[2] >= 0.8 and many[2] < one[2] / 2

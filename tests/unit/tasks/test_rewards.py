@@ -268,3 +268,108 @@ def test_each_reward_function_is_logged_as_trl_logs_it():
     assert logged["rollout/rewards/correct/mean"] == pytest.approx(2 / 3)
     assert logged["rollout/rewards/correct/std"] == pytest.approx(statistics.stdev([1.0, 0.0, 1.0]))
     assert math.isnan(logged["rollout/rewards/never/mean"]) and math.isnan(logged["rollout/rewards/never/std"])
+
+
+IN_FLIGHT = {"now": 0, "most": 0, "calls": 0}
+
+
+async def slow_judge(completions, **kwargs):
+    """An asynchronous reward that takes a while per call (a judge, a remote service): counts how many of its
+    calls are awaited at once."""
+    import asyncio
+
+    IN_FLIGHT["now"] += 1
+    IN_FLIGHT["calls"] += 1
+    IN_FLIGHT["most"] = max(IN_FLIGHT["most"], IN_FLIGHT["now"])
+    await asyncio.sleep(0.05)
+    IN_FLIGHT["now"] -= 1
+    return [float(len(c[0]["content"])) for c in completions]
+
+
+async def hangs(completions, **kwargs):
+    import asyncio
+
+    await asyncio.sleep(30)
+
+
+async def times_out_itself(completions, **kwargs):
+    raise TimeoutError("the judge did not answer")
+
+
+def judge_task(tmp_path, fns, **kwargs) -> DatasetTask:
+    return DatasetTask(train_path=write_rows(tmp_path / "chat.jsonl", chat_rows([str(i) for i in range(8)])),
+                       reward_fns=fns, **kwargs)
+
+
+@pytest.mark.parametrize("limit", [1, 3, 8])
+def test_a_batch_s_asynchronous_reward_calls_are_awaited_together_within_the_limit(tmp_path, limit):
+    IN_FLIGHT.update(now=0, most=0, calls=0)
+    task = judge_task(tmp_path, [f"{HERE}.slow_judge", f"{HERE}.format_reward"], reward_concurrency=limit)
+    problems = list(task.problems("train"))
+    texts = [["ab", "\\boxed{1}"] for _ in problems]
+    scores = task.score_groups(problems, texts, [[[1], [2]] for _ in problems], step=3)
+    assert IN_FLIGHT["calls"] == 8 and IN_FLIGHT["most"] == limit  # one call per group, `limit` at once
+    assert [s.rewards for s in scores] == [[2.0, 10.0]] * 8  # the sum of the judge's length and the format
+    # One group through the workflow-facing single call gives the same.
+    assert task.score_group(problems[0], texts[0], [[1], [2]], step=3).rewards == [2.0, 10.0]
+
+
+def test_a_reward_call_past_the_timeout_stops_the_run_in_one_line(tmp_path):
+    import time
+
+    task = judge_task(tmp_path, [f"{HERE}.hangs"], reward_timeout_s=0.2)
+    problems = list(task.problems("train"))
+    started = time.monotonic()
+    with pytest.raises(RunStopped) as stopped:
+        task.score_groups(problems, [["a"]] * 8, [[[1]]] * 8, step=0)
+    assert time.monotonic() - started < 5
+    message = str(stopped.value)
+    assert message.startswith(f"reward function '{HERE}.hangs' took more than 0.2 s for prompt ")
+    assert message.endswith(": make it faster or raise data.task_kwargs.reward_timeout_s") and "\n" not in message
+    # A function's own TimeoutError is its error, not the limit's.
+    task = judge_task(tmp_path, [f"{HERE}.times_out_itself"], reward_timeout_s=10)
+    with pytest.raises(RunStopped, match=f"reward function '{HERE}.times_out_itself' raised TimeoutError: the judge "
+                                         f"did not answer for prompt "):
+        task.score_groups(problems[:1], [["a"]], [[[1]]], step=0)
+
+
+def test_a_failing_synchronous_reward_leaves_no_asynchronous_call_unawaited(tmp_path):
+    import gc
+    import warnings
+
+    task = judge_task(tmp_path, [f"{HERE}.slow_judge", f"{HERE}.positional_raises"])
+    problems = list(task.problems("train"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RunStopped, match="reward function .*positional_raises' raised ValueError: no"):
+            task.score_groups(problems, [["a"]] * 8, [[[1]]] * 8, step=0)
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+
+
+def positional_raises(completions, **kwargs):
+    raise ValueError("no")
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("reward_concurrency", 0, "data.task_kwargs.reward_concurrency=0 is invalid: must be a positive integer"),
+    ("reward_timeout_s", 0, "data.task_kwargs.reward_timeout_s=0 is invalid: must be a number of seconds > 0 or null"),
+    ("reward_timeout_s", "1", "data.task_kwargs.reward_timeout_s='1' is invalid: must be a number of seconds > 0"),
+])
+def test_bad_concurrency_settings_fail_in_one_line(tmp_path, key, value, expected):
+    with pytest.raises(ValueError) as error:
+        judge_task(tmp_path, ["exact_match"], **{key: value})
+    assert str(error.value).startswith(expected)
+
+
+def test_the_single_turn_workflow_scores_the_batch_s_groups_at_once(tmp_path):
+    IN_FLIGHT.update(now=0, most=0, calls=0)
+    task = judge_task(tmp_path, [f"{HERE}.slow_judge"])
+
+    class Engine:
+        def generate(self, prompts, params):
+            return [[Completion(token_ids=[3], logprobs=[-0.5], stopped=True, version=0)] * params.n for _ in prompts]
+
+    batch = SingleTurnWorkflow(DigitTokenizer(), task, SamplingParams(n=2, max_new_tokens=3)).run(
+        Engine(), list(task.problems("train")))
+    assert IN_FLIGHT["calls"] == 8 and IN_FLIGHT["most"] == 8 and batch.group_sizes.tolist() == [2] * 8
