@@ -120,11 +120,7 @@ def batch_rewards(task: Task, problems: list[Problem], completions: list[list[Co
         return [group_rewards(task, p, c, t) for p, c, t in zip(problems, completions, texts, strict=True)]
     scores = task.score_groups(problems, texts, [[c.token_ids for c in group] for group in completions],
                                completions[0][0].version)
-    for group, score in zip(texts, scores, strict=True):
-        if len(score.rewards) != len(group):
-            raise RunStopped(f"task {task_name(task)!r} returned {len(score.rewards)} rewards for {len(group)} "
-                             f"completions")
-    return list(scores)
+    return [_counted(task, score, group) for score, group in zip(scores, texts, strict=True)]
 
 
 def group_rewards(task: Task, problem: Problem, completions: list[Completion], texts: list[str]) -> GroupScores:
@@ -138,6 +134,11 @@ def group_rewards(task: Task, problem: Problem, completions: list[Completion], t
         scores = GroupScores(list(task.group_rewards(problem, texts)), {})
     else:
         scores = GroupScores([task.reward(problem, text) for text in texts], {})
+    return _counted(task, scores, texts)
+
+
+def _counted(task: Task, scores: GroupScores, texts: list[str]) -> GroupScores:
+    """``scores``, once they hold one reward per completion; RunStopped naming the task otherwise."""
     if len(scores.rewards) != len(texts):
         raise RunStopped(f"task {task_name(task)!r} returned {len(scores.rewards)} rewards for {len(texts)} "
                          f"completions")

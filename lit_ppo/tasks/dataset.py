@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
+from lit_ppo.config.checks import check_positive_int, fail, is_number
 from lit_ppo.tasks.base import Columns, Problem, split_problems, vocabulary_ids
 from lit_ppo.tasks.rewards import (CALL_KEYWORDS, DEFAULT_FORMAT_PATTERN, NEEDS_ANSWER, GroupScores, RewardFunction,
                                    DEFAULT_REWARD_CONCURRENCY, RewardCall, check_call_signatures, resolve_reward_fns,
@@ -346,14 +347,9 @@ class DatasetTask:
                 raise ValueError(f"{PREFIX}completion_tokens={tokens!r} is invalid: must be a non-empty list of "
                                  f"vocabulary entries (strings) or null")
             self.completion_tokens = [str(t) for t in tokens]
-        if isinstance(self.reward_concurrency, bool) or not isinstance(self.reward_concurrency, int) \
-                or self.reward_concurrency < 1:
-            raise ValueError(f"{PREFIX}reward_concurrency={self.reward_concurrency!r} is invalid: must be a positive "
-                             f"integer")
-        if self.reward_timeout_s is not None and (isinstance(self.reward_timeout_s, bool) or not isinstance(
-                self.reward_timeout_s, (int, float)) or not self.reward_timeout_s > 0):
-            raise ValueError(f"{PREFIX}reward_timeout_s={self.reward_timeout_s!r} is invalid: must be a number of "
-                             f"seconds > 0 or null")
+        check_positive_int(f"{PREFIX}reward_concurrency", self.reward_concurrency)
+        if self.reward_timeout_s is not None and (not is_number(self.reward_timeout_s) or not self.reward_timeout_s > 0):
+            fail(f"{PREFIX}reward_timeout_s", self.reward_timeout_s, "a number of seconds > 0 or null")
         self._fns = resolve_reward_fns(self.reward_fns, self.reward_weights, self.format_pattern)
         self._accuracy = self._accuracy_function()
         self._needs_answer = next((f.name for f in self._fns if f.name in NEEDS_ANSWER), None)
