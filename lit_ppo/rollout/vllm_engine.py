@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import tempfile
 from typing import Iterable, Iterator
 
@@ -128,8 +127,9 @@ class VLLMEngine:
         on_gpu = torch.cuda.is_available()
         self._sleeps = on_gpu
         self._asleep = False
-        self._dir = tempfile.mkdtemp(prefix="lit_ppo_vllm_")
-        write_hf_files(model, tokenizer, self._dir)
+        # vLLM reads the weights and tokenizer once, at start: the directory goes as soon as it has.
+        files = tempfile.TemporaryDirectory(prefix="lit_ppo_vllm_")
+        write_hf_files(model, tokenizer, files.name)
         if max_model_len is None:
             max_model_len = getattr(model.config, "max_position_embeddings", None)
         if kv_cache_gib is None and not on_gpu:
@@ -144,7 +144,7 @@ class VLLMEngine:
             os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())
         try:
             self.llm = vllm.LLM(
-                model=self._dir, tokenizer=self._dir,
+                model=files.name, tokenizer=files.name,
                 dtype=dtype or str(next(model.parameters()).dtype).removeprefix("torch."),
                 seed=seed, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
                 kv_cache_memory_bytes=kv_cache_bytes,
@@ -159,10 +159,10 @@ class VLLMEngine:
             self.llm.generate([TokensPrompt(prompt_token_ids=[tokenizer.eos_token_id])],
                               vllm.SamplingParams(max_tokens=1), use_tqdm=False)
         except Exception as e:
-            shutil.rmtree(self._dir, ignore_errors=True)
             message = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             raise RunStopped(f"vLLM could not start on this model ({type(e).__name__}: {message}); {FALLBACK}") from e
         finally:
+            files.cleanup()
             if omp_threads is None:
                 os.environ.pop("OMP_NUM_THREADS", None)
         self.eos_token_id = tokenizer.eos_token_id
@@ -228,6 +228,3 @@ class VLLMEngine:
         if self._asleep:
             self.llm.wake_up()
             self._asleep = False
-
-    def __del__(self):
-        shutil.rmtree(getattr(self, "_dir", ""), ignore_errors=True)

@@ -10,6 +10,7 @@ import copy
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -31,9 +32,19 @@ def tiny(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def engine(tiny):
+def engine_tmp(tmp_path_factory):
+    """The temporary directory the engine started under."""
+    return tmp_path_factory.mktemp("engine_tmp")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny, engine_tmp):
     model, tok = tiny
-    return VLLMEngine(model, tok, seed=0)
+    saved, tempfile.tempdir = tempfile.tempdir, str(engine_tmp)
+    try:
+        return VLLMEngine(model, tok, seed=0)
+    finally:
+        tempfile.tempdir = saved
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +97,14 @@ def perturb_(tensor: torch.Tensor, scale: float) -> None:
 
 def test_is_a_rollout_engine(engine):
     assert isinstance(engine, RolloutEngine) and engine.version == 0
+
+
+def test_the_start_files_go_once_the_engine_runs(engine, engine_tmp, prompt):
+    """The weights written for vLLM's start (a model's size, per run) are not left in the temporary
+    directory, and the engine samples on without them."""
+    assert [p.name for p in engine_tmp.iterdir() if not p.name.startswith("vllm_dist_")] == []  # vLLM's own
+    (group,) = engine.generate([prompt], SamplingParams(n=2, max_new_tokens=4, seed=0))
+    assert [len(c.token_ids) > 0 for c in group] == [True, True]
 
 
 @pytest.mark.parametrize("params", [
@@ -205,12 +224,15 @@ def test_weight_sync_of_smollm2(smollm2_cache):
     assert float(gaps.mean()) < 1e-4 and float(gaps.max()) < 1e-3
 
 
-def test_unsupported_model_names_the_fallback(tmp_path):
-    model, tok = build_tiny(TinyModelConfig(num_heads=4), tmp_path)  # head size 16: no CPU kernel
+def test_unsupported_model_names_the_fallback(tmp_path, monkeypatch):
+    model, tok = build_tiny(TinyModelConfig(num_heads=4), tmp_path / "cache")  # head size 16: no CPU kernel
     if torch.cuda.is_available():
         pytest.skip("head size 16 is supported on GPU")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
     with pytest.raises(RuntimeError, match="rollout=hf"):
         VLLMEngine(model, tok, seed=0)
+    assert [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("vllm_dist_")] == []
 
 
 def test_the_engine_keeps_the_process_threads(tmp_path):
