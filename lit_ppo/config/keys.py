@@ -46,6 +46,8 @@ FOREIGN_KEYS: dict[str, tuple[str, str, str]] = {
     "max_steps": ("TRL", "trainer.max_steps", ""),
     "reward_funcs": ("TRL", "data.task_kwargs.reward_fns", ""),
     "reward_weights": ("TRL", "data.task_kwargs.reward_weights", ""),
+    "reward_processing_classes": ("TRL", "data.task_kwargs.reward_model", " (a reward model directory in reward_fns "
+                                  "reads text with its own tokenizer and chat template)"),
     "multi_objective_aggregation": ("TRL", "actor.multi_objective_aggregation", " (normalize_then_sum is GDPO, "
                                     "as algo=gdpo sets it)"),
     "loss_type": ("TRL", "actor.loss_agg_mode", " (dapo: token-mean, grpo: seq-mean-token-mean, dr_grpo: "

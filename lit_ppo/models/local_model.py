@@ -63,9 +63,22 @@ def model_source_dir(source: str) -> Path:
     return path if path.is_dir() else cached_hub_model(source) or path
 
 
-def model_dir_problem(path: str | Path) -> str | None:
-    """Why the local directory or cached hub model ``path`` cannot be loaded as a causal LM, or None. Reads
-    its config.json through transformers (no weights are loaded)."""
+HEADS = {"causal": ("a causal LM", ("ForCausalLM", "LMHeadModel")),
+         "classifier": ("a sequence classifier", ("ForSequenceClassification",))}
+"""What a model directory is loaded as -> (its name in messages, the architecture name endings it may have)."""
+
+
+def _auto_class(head: str):
+    """The transformers Auto class that loads a directory as ``head`` (a key of ``HEADS``)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    return AutoModelForCausalLM if head == "causal" else AutoModelForSequenceClassification
+
+
+def model_dir_problem(path: str | Path, head: str = "causal") -> str | None:
+    """Why the local directory or cached hub model ``path`` cannot be loaded as ``head`` (a causal LM, or a
+    sequence classifier such as a reward model), or None. Reads its config.json through transformers (no
+    weights are loaded)."""
     given = str(path)
     path = model_source_dir(given)
     if not path.is_dir():
@@ -78,23 +91,25 @@ def model_dir_problem(path: str | Path) -> str | None:
     if not any((path / name).is_file() for name in _TOKENIZER_FILES):
         return f"has no tokenizer (none of {', '.join(_TOKENIZER_FILES)})"
     from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
 
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
     except Exception as e:  # an unknown model_type, malformed JSON, ...
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return f"has a config.json transformers cannot read ({reason})"
+    kind, endings = HEADS[head]
+    mapping = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if head == "causal" else MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
     architectures = getattr(config, "architectures", None) or []
-    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
     if architectures:  # what the checkpoint was saved as decides (a BERT for masked LM is not causal)
-        is_causal = any(a.endswith(("ForCausalLM", "LMHeadModel")) or a in causal for a in architectures)
+        is_head = any(a.endswith(endings) or a in set(mapping.values()) for a in architectures)
     else:
-        is_causal = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    if not is_causal:
-        return (f"is not a causal LM (model_type {config.model_type!r}, architectures "
+        is_head = config.model_type in mapping
+    if not is_head:
+        return (f"is not {kind} (model_type {config.model_type!r}, architectures "
                 f"{', '.join(architectures) or 'none'})")
-    return weights_problem(path, config)
+    return weights_problem(path, config, head)
 
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -103,7 +118,7 @@ PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 checked when they load."""
 
 
-def weights_problem(path: str | Path, config) -> str | None:
+def weights_problem(path: str | Path, config, head: str = "causal") -> str | None:
     """Why the weights of the model directory ``path`` cannot be the model its ``config`` describes, or
     None: no weight file, a shard that its index lists missing, a safetensors file cut short, or a
     tensor missing or of another shape than the config gives it. Reads the safetensors headers only
@@ -132,7 +147,7 @@ def weights_problem(path: str | Path, config) -> str | None:
         if isinstance(header, str):
             return f"has a damaged weight file: {file.name} {header}"
         shapes.update(header)
-    return _shape_problem(shapes, config)
+    return _shape_problem(shapes, config, head)
 
 
 def _safetensors_header(file: Path) -> dict[str, list[int]] | str:
@@ -156,14 +171,12 @@ def _safetensors_header(file: Path) -> dict[str, list[int]] | str:
     return shapes
 
 
-def _shape_problem(shapes: dict[str, list[int]], config) -> str | None:
-    """The first weight of the model ``config`` describes that ``shapes`` (the checkpoint's tensors)
-    lacks or holds in another shape; None if the model cannot be built here (the load then tells)."""
-    from transformers import AutoModelForCausalLM
-
+def _shape_problem(shapes: dict[str, list[int]], config, head: str) -> str | None:
+    """The first weight of the model ``config`` describes (as ``head``) that ``shapes`` (the checkpoint's
+    tensors) lacks or holds in another shape; None if the model cannot be built here (the load then tells)."""
     try:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
+            model = _auto_class(head).from_config(config)
     except Exception:
         return None
     prefix = f"{model.base_model_prefix}." if model.base_model_prefix else ""

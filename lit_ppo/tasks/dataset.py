@@ -29,9 +29,8 @@ from typing import Any, ClassVar, Sequence
 
 from lit_ppo.config.checks import check_positive_int, fail, is_number
 from lit_ppo.tasks.base import Columns, Problem, split_problems, vocabulary_ids
-from lit_ppo.tasks.rewards import (CALL_KEYWORDS, DEFAULT_FORMAT_PATTERN, NEEDS_ANSWER, GroupScores, RewardFunction,
-                                   DEFAULT_REWARD_CONCURRENCY, RewardCall, check_call_signatures, resolve_reward_fns,
-                                   score_calls)
+from lit_ppo.tasks.rewards import (CALL_KEYWORDS, DEFAULT_FORMAT_PATTERN, DEFAULT_REWARD_CONCURRENCY, GroupScores,
+                                   RewardCall, RewardFunction, check_call_signatures, resolve_reward_fns, score_calls)
 from lit_ppo.utils.fs import existing_path, user_path
 
 PREFIX = "data.task_kwargs."
@@ -296,9 +295,10 @@ class DatasetTask:
     column, to every reward function by its name). Only ``exact_match`` and ``math_verify`` need it:
     without them the column may be missing. None: no answer column."""
     reward_fns: list[str] = field(default_factory=lambda: ["math_verify"])
-    """Reward functions: built-in names (exact_match, math_verify, format) or dotted paths
-    module.function importable from the working directory, called as TRL calls them:
-    ``fn(prompts=, completions=, completion_ids=, trainer_state=, **columns) -> list[float | None]``."""
+    """Rewards (TRL's ``reward_funcs``): built-in names (exact_match, math_verify, format), dotted paths
+    module.function importable from the working directory, called as TRL calls them
+    (``fn(prompts=, completions=, completion_ids=, trainer_state=, **columns) -> list[float | None]``),
+    reward model directories (set up by ``reward_model``) and ``judge`` (set up by ``judge``)."""
     reward_weights: list[float] | None = None
     """One weight per reward function (TRL's ``reward_weights``); None: all 1.0. A sample's reward is the
     weighted sum over the functions that returned a number; None from every function is an invalid reward."""
@@ -312,6 +312,12 @@ class DatasetTask:
     reward_timeout_s: float | None = None
     """Seconds one call of an ``async def`` reward function may take; past it the run stops, naming the
     function and the prompt. None: no limit."""
+    reward_model: dict[str, Any] | None = None
+    """Settings of the reward model directories in ``reward_fns`` (``lit_ppo.tasks.rewards.model.RewardModelConfig``:
+    device, dtype, batch_size, max_length, label, mean, std, squash, offload); None: the defaults."""
+    judge: dict[str, Any] | None = None
+    """Settings of the ``judge`` entry of ``reward_fns`` (``lit_ppo.tasks.rewards.judge.JudgeConfig``: the
+    model, its endpoint, the prompt template and the verdict rule); None: no judge."""
     format_pattern: str = DEFAULT_FORMAT_PATTERN
     """The regular expression of the built-in ``format`` reward (searched anywhere in the completion)."""
     completion_tokens: list[str] | None = None
@@ -350,9 +356,10 @@ class DatasetTask:
         check_positive_int(f"{PREFIX}reward_concurrency", self.reward_concurrency)
         if self.reward_timeout_s is not None and (not is_number(self.reward_timeout_s) or not self.reward_timeout_s > 0):
             fail(f"{PREFIX}reward_timeout_s", self.reward_timeout_s, "a number of seconds > 0 or null")
-        self._fns = resolve_reward_fns(self.reward_fns, self.reward_weights, self.format_pattern)
+        self._fns = resolve_reward_fns(self.reward_fns, self.reward_weights, self.format_pattern,
+                                       reward_model=self.reward_model, judge=self.judge)
         self._accuracy = self._accuracy_function()
-        self._needs_answer = next((f.name for f in self._fns if f.name in NEEDS_ANSWER), None)
+        self._needs_answer = next((f.name for f in self._fns if f.needs_answer), None)
         if self.answer_key is None and self._needs_answer is not None:
             raise ValueError(f"{PREFIX}answer_key=None is invalid with the reward {self._needs_answer!r}: "
                              f"it needs the gold answer column")

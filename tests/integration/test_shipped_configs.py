@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shutil
 import shlex
 
 import pytest
@@ -149,6 +150,8 @@ def test_readme_command_runs(command, work, request):
         assert re.search(r"eval/accuracy\W+[0-9]", result.stdout), result.stdout
     else:
         assert "`Trainer.fit` stopped: `max_steps=" in result.stderr + result.stdout, f"{args}\n{result.stderr[-3000:]}"
+        if model == "smollm2":  # its checkpoint and model are 2 GB, which no later command reads
+            shutil.rmtree(work / re.search(r"run directory: (\S+)", result.stderr).group(1))
 
 
 def test_the_readme_has_the_commands_the_tests_rely_on():

@@ -1,4 +1,4 @@
-"""Reward functions called as TRL calls them, the built-in ones, and their weighted sum.
+"""How reward functions are called (TRL's keywords) and how a batch's calls are scored and summed.
 
 A reward function is called with keywords only, as TRL's GRPOTrainer calls it:
 ``fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) -> list[float | None]``.
@@ -15,11 +15,6 @@ of None means "not applicable to this sample". The sample's reward is ``sum_i w_
 functions that returned a number (TRL's weighted nansum); if every function returned None, the reward
 is None, which the workflow treats as an invalid reward (``data.on_invalid_reward``: stop the run, or
 drop the group).
-
-Built-ins, named without a module path: ``exact_match`` (the completion, stripped, equals the gold
-answer), ``math_verify`` (math-verify judges them equivalent, as in the gsm8k task) and ``format``
-(the completion matches a regular expression, ``format_pattern``). The built-ins get the gold answer
-(the ``answer_key`` column) as ``answer``; ``exact_match`` and ``math_verify`` need it.
 """
 
 from __future__ import annotations
@@ -36,12 +31,8 @@ from typing import Any, Callable, Sequence
 
 from lit_ppo.errors import RunStopped
 from lit_ppo.tasks.base import reward_float, reward_problem
-from lit_ppo.tasks.gsm8k import math_equal
-from lit_ppo.utils.imports import import_object
 from lit_ppo.utils.stop_requests import received_signal
 
-DEFAULT_FORMAT_PATTERN = r"\\boxed\{.+\}"
-"""The ``format`` reward's default: a \\boxed{...} answer somewhere in the completion."""
 CALL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state")
 """The keywords every reward function is called with, besides one per dataset column."""
 
@@ -60,43 +51,6 @@ def completion_text(completion: Any) -> str:
     return str(completion)
 
 
-def exact_match(prompts: list, completions: list, answer: list, **kwargs) -> list[float]:
-    """1.0 where the completion, stripped of surrounding whitespace, equals the answer, else 0.0."""
-    return [float(completion_text(c).strip() == str(a).strip()) for c, a in zip(completions, answer, strict=True)]
-
-
-MATH_VERIFY_TIMEOUT_S = 5.0
-"""Seconds one ``math_verify`` check may take before it counts as 0.0 (sympy can stall on adversarial text)."""
-
-
-def _bounded_math_equal(gold: str, text: str) -> bool:
-    """``math_equal`` within ``MATH_VERIFY_TIMEOUT_S``; a stalled check runs on in a daemon thread."""
-    result: list[bool] = []
-    worker = threading.Thread(target=lambda: result.append(math_equal(gold, text)), daemon=True,
-                              name="math-verify-reward")
-    worker.start()
-    worker.join(MATH_VERIFY_TIMEOUT_S)
-    return bool(result and result[0])
-
-
-def math_verify(prompts: list, completions: list, answer: list, **kwargs) -> list[float]:
-    """1.0 where math-verify judges the completion equivalent to the answer, else 0.0 (also on any
-    error or after ``MATH_VERIFY_TIMEOUT_S``)."""
-    return [float(_bounded_math_equal(str(a), completion_text(c))) for c, a in zip(completions, answer, strict=True)]
-
-
-def format_reward(prompts: list, completions: list, pattern: str = DEFAULT_FORMAT_PATTERN, **kwargs) -> list[float]:
-    """1.0 where the regular expression ``pattern`` matches somewhere in the completion, else 0.0."""
-    compiled = re.compile(pattern, re.DOTALL)
-    return [float(compiled.search(completion_text(c)) is not None) for c in completions]
-
-
-BUILTINS: dict[str, Callable] = {"exact_match": exact_match, "math_verify": math_verify, "format": format_reward}
-"""Built-in reward name -> function; these receive the gold answer as ``answer``."""
-NEEDS_ANSWER = ("exact_match", "math_verify")
-"""The built-ins that compare with the gold answer (the ``answer_key`` column)."""
-
-
 @dataclass(frozen=True)
 class TrainerState:
     """What a reward function gets as ``trainer_state``: the part of TRL's ``TrainerState`` lit_ppo has."""
@@ -110,13 +64,15 @@ class RewardFunction:
     """One configured reward function."""
 
     name: str
-    """As configured: a built-in name or a dotted path."""
+    """As configured: a built-in name, a dotted path or a reward model directory."""
     fn: Callable
     """The function, called with TRL's keywords."""
     weight: float
     """Its weight in the sum."""
-    builtin: bool
-    """A built-in: it gets the gold answer as ``answer``."""
+    takes_answer: bool
+    """It gets the gold answer as ``answer`` (the built-ins, a judge)."""
+    needs_answer: bool
+    """It compares with the gold answer: the ``answer_key`` column must be there."""
     metric: str
     """Its name in metrics (``rollout/rewards/<metric>/mean``): a built-in's name, else the function's
     ``__name__``, characters other than letters, digits and ``_.-`` replaced by ``_``."""
@@ -155,47 +111,6 @@ def metric_names(names: Sequence[str]) -> list[str]:
     return out
 
 
-def resolve_reward_fns(names: Sequence[str], weights: Sequence[float] | None, format_pattern: str,
-                       prefix: str = "data.task_kwargs.") -> tuple[RewardFunction, ...]:
-    """The functions of ``reward_fns`` with their ``reward_weights`` (None: all 1.0); ValueError naming
-    the key for an empty or malformed list, a weight count that differs, or a function that cannot be
-    imported."""
-    if isinstance(names, str) or not isinstance(names, Sequence) or not names:
-        raise ValueError(f"{prefix}reward_fns={names!r} is invalid: must be a non-empty list of built-in names "
-                         f"({', '.join(BUILTINS)}) or dotted paths module.function")
-    if weights is None:
-        weights = [1.0] * len(names)
-    if isinstance(weights, str) or not isinstance(weights, Sequence):
-        raise ValueError(f"{prefix}reward_weights={weights!r} is invalid: must be a list of numbers or null")
-    if len(weights) != len(names):
-        raise ValueError(f"{prefix}reward_weights has {len(weights)} values but {prefix}reward_fns has "
-                         f"{len(names)}: give one weight per function (or null for all 1.0)")
-    try:
-        re.compile(format_pattern)
-    except (re.error, TypeError) as e:
-        raise ValueError(f"{prefix}format_pattern={format_pattern!r} is invalid: not a regular expression "
-                         f"({e})") from None
-    resolved = []
-    for i, (name, weight) in enumerate(zip(names, weights)):
-        if isinstance(weight, bool) or _number(weight) is None:
-            raise ValueError(f"{prefix}reward_weights[{i}]={weight!r} is invalid: must be a finite number")
-        if isinstance(name, str) and name in BUILTINS:
-            fn = BUILTINS[name]
-            if name == "format":
-                fn = functools.partial(fn, pattern=format_pattern)
-            resolved.append((name, fn, float(weight), True, name))
-            continue
-        if not isinstance(name, str) or "." not in name:
-            raise ValueError(f"{prefix}reward_fns[{i}]={name!r} is invalid: must be a built-in "
-                             f"({', '.join(BUILTINS)}) or a dotted path module.function")
-        fn = import_object(name, f"{prefix}reward_fns[{i}]", "function")
-        if not callable(fn):
-            raise ValueError(f"{prefix}reward_fns[{i}]={name!r} is not a function")
-        resolved.append((name, fn, float(weight), False, _callable_name(fn)))
-    metrics = metric_names([r[4] for r in resolved])
-    return tuple(RewardFunction(*r[:4], metric) for r, metric in zip(resolved, metrics))
-
-
 def check_call_signatures(fns: Sequence[RewardFunction], columns: Sequence[str],
                           prefix: str = "data.task_kwargs.") -> None:
     """ValueError in one line for a function that cannot be called with TRL's keywords and ``columns``
@@ -205,7 +120,7 @@ def check_call_signatures(fns: Sequence[RewardFunction], columns: Sequence[str],
             signature = inspect.signature(f.fn)
         except (TypeError, ValueError):  # a callable without a readable signature is taken on trust
             continue
-        keywords = dict.fromkeys([*CALL_KEYWORDS, *columns, *(["answer"] if f.builtin else [])])
+        keywords = dict.fromkeys([*CALL_KEYWORDS, *columns, *(["answer"] if f.takes_answer else [])])
         try:
             signature.bind(**keywords)
         except TypeError as e:
@@ -319,7 +234,7 @@ def score_calls(fns: Sequence[RewardFunction], calls: Sequence[RewardCall], step
 def _called(f: RewardFunction, call: RewardCall, state: TrainerState) -> Any:
     """``f``'s return value for one group (an awaitable, for an asynchronous function)."""
     kwargs = dict(call.columns)
-    if f.builtin:
+    if f.takes_answer:
         kwargs["answer"] = call.answers
     try:
         return f.fn(prompts=call.prompts, completions=call.completions, completion_ids=call.completion_ids,
