@@ -28,13 +28,15 @@ from lit_ppo.tasks.rewards.calls import (CALL_KEYWORDS, DEFAULT_REWARD_CONCURREN
 from lit_ppo.tasks.rewards.judge import JUDGE, LLMJudge
 from lit_ppo.tasks.rewards.model import RewardModel, is_model_path
 from lit_ppo.utils.imports import import_object
+from lit_ppo.utils.text import did_you_mean
 
 __all__ = ["BUILTINS", "CALL_KEYWORDS", "DEFAULT_FORMAT_PATTERN", "DEFAULT_REWARD_CONCURRENCY", "GroupScores",
            "JUDGE", "LLMJudge", "NEEDS_ANSWER", "RewardCall", "RewardFunction", "RewardModel", "TrainerState",
            "check_call_signatures", "completion_text", "exact_match", "format_reward", "math_verify",
            "resolve_reward_fns", "score_calls"]
 
-FORMS = f"built-in names ({', '.join(BUILTINS)}), {JUDGE}, dotted paths module.function or reward model directories"
+FORMS = (f"built-in names ({', '.join(BUILTINS)}), {JUDGE}, dotted paths module.function or reward model "
+         f"directories")
 
 
 def resolve_reward_fns(names: Sequence[str], weights: Sequence[float] | None, format_pattern: str,
@@ -79,7 +81,9 @@ def resolve_reward_fns(names: Sequence[str], weights: Sequence[float] | None, fo
             fn = RewardModel.from_settings(name, reward_model, where, f"{prefix}reward_model")
             resolved.append((name, fn, float(weight), False, False, Path(name).name))
         elif not isinstance(name, str) or "." not in name:
-            raise ValueError(f"{where}={name!r} is invalid: must be one of the {FORMS}")
+            close = did_you_mean(name, [*BUILTINS, JUDGE]) if isinstance(name, str) else ""
+            raise ValueError(f"{where}={name!r} is invalid{close}: must be a built-in ({', '.join(BUILTINS)}), "
+                             f"{JUDGE}, a dotted path module.function or a reward model directory")
         else:
             fn = import_object(name, where, "function")
             if not callable(fn):

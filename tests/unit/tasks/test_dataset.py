@@ -252,8 +252,9 @@ def test_a_wrong_number_of_values_names_the_function(tmp_path):
                                             "(ModuleNotFoundError: No module named 'no_such_module')"),
     ({"reward_fns": [f"{HERE}.nothing"]}, f"data.task_kwargs.reward_fns[0]='{HERE}.nothing' cannot be imported "
                                           f"(module '{HERE}' has no 'nothing')"),
-    ({"reward_fns": ["exactmatch"]}, "data.task_kwargs.reward_fns[0]='exactmatch' is invalid: must be a built-in "
-                                     "(exact_match, math_verify, format) or a dotted path module.function"),
+    ({"reward_fns": ["exactmatch"]}, "data.task_kwargs.reward_fns[0]='exactmatch' is invalid (did you mean "
+                                     "exact_match?): must be a built-in (exact_match, math_verify, format), judge, a "
+                                     "dotted path module.function or a reward model directory"),
     ({"reward_fns": [f"{HERE}.HERE"]}, f"data.task_kwargs.reward_fns[0]='{HERE}.HERE' is not a function"),
     ({"reward_fns": []}, "data.task_kwargs.reward_fns=[] is invalid: must be a non-empty list"),
     ({"reward_fns": "exact_match"}, "data.task_kwargs.reward_fns='exact_match' is invalid: must be a non-empty list"),
