@@ -70,3 +70,22 @@ def test_the_smollm2_recipe_learns_on_one_gpu(tmp_path):
     print(f"smollm2 recipe on {torch.cuda.get_device_name()}: {seconds:.1f} s/iteration after warm-up; "
           f"reward first five {sum(rewards[:5]) / 5:.3f}, last five {sum(rewards[-5:]) / 5:.3f}")
     assert sum(rewards[-5:]) > sum(rewards[:5]), rewards
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_a_reward_model_scores_on_the_gpu_and_offloads_between_scorings(tmp_path, offload):
+    """``reward_model.offload``: the GPU holds the weights only while they score; without it they stay."""
+    import asyncio
+
+    from tests.unit.tasks.rewards.test_model import PROMPTS, COMPLETIONS, classifier, reward_model
+
+    path = classifier(tmp_path / "rm")
+    on_cpu = asyncio.run(reward_model(path, device="cpu")(prompts=PROMPTS, completions=COMPLETIONS))
+    rm = reward_model(path, device="cuda", offload=offload)
+    before = torch.cuda.memory_allocated()
+    values = asyncio.run(rm(prompts=PROMPTS, completions=COMPLETIONS))
+    assert values == pytest.approx(on_cpu, abs=1e-3)
+    held = torch.cuda.memory_allocated() - before
+    weights = sum(p.numel() * p.element_size() for p in rm._model.parameters())
+    assert (held < weights / 2) if offload else (held >= weights)
+    assert next(rm._model.parameters()).device.type == ("cpu" if offload else "cuda")

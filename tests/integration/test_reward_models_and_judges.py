@@ -1,7 +1,7 @@
-"""Reward models and LLM judges through the command line: docs/bring-your-own.md's reward model example as
+"""Rewards beyond functions, as docs/bring-your-own.md shows them: its reward model example as
 written (a classifier trained on preference pairs, a policy learning the preference through it), its
-judge example against a loopback OpenAI-compatible endpoint, and what a judge that is down, breaks mid-run
-or replies without a verdict does to a run."""
+judge examples against a loopback OpenAI-compatible endpoint, what a judge that is down, breaks mid-run
+or replies without a verdict does to a run, and its asynchronous reward against a loopback service."""
 
 from __future__ import annotations
 
@@ -176,3 +176,52 @@ def test_replies_without_a_verdict_stop_the_run_or_drop_their_groups(cli_here, f
     assert dropped.returncode == 0, dropped.stderr[-3000:]
     assert iteration_rewards(dropped.stdout) == [0.0, 0.0]  # only the groups with a verdict trained
     assert any("I cannot tell." == reply(body["messages"]) for _, body in fake.requests)  # and some had none
+
+
+def test_the_async_service_reward_example_scores_a_batch_concurrently(tmp_path, monkeypatch):
+    """docs/bring-your-own.md's asynchronous reward, against a loopback scoring service that takes 0.5 s a
+    request: sixteen prompt groups are scored in about one request's time, each with the service's values."""
+    import json
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from lit_ppo.tasks import DatasetTask
+
+    page = (REPO / "docs" / "bring-your-own.md").read_text()
+    (example,) = [text for text in re.findall(r"```python\n(.*?)```", page, re.S)
+                  if text.startswith("# service_rewards.py")]
+
+    class Scorer(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            time.sleep(0.5)
+            data = json.dumps({"scores": [len(c) for c in body["completions"]]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Scorer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        (tmp_path / "service_rewards.py").write_text(example)
+        judge_data(tmp_path)
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.setenv("SCORER_URL", f"http://127.0.0.1:{server.server_address[1]}/score")
+        task = DatasetTask(train_path="train.jsonl", reward_fns=["service_rewards.service_score"], reward_timeout_s=60)
+        problems = list(task.problems("train"))
+        completions = [["1", "22", "333"] for _ in problems] * 2  # sixteen groups
+        problems = problems * 2
+        start = time.monotonic()
+        scores = task.score_groups(problems, completions, [[[]] * 3 for _ in problems], 0)
+        took = time.monotonic() - start
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [s.rewards for s in scores] == [[1.0, 2.0, 3.0]] * 16
+    assert took < 2.0  # sixteen requests of 0.5 s at once (8 s one after another)
