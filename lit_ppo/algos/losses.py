@@ -3,7 +3,7 @@ docs/algorithms.md#value-loss).
 
 A policy loss is a registered per-token surrogate L_t(r_t, A_t); ``policy_loss`` supplies the ratio
 (token, or GSPO's sequence ratio), the decoupled behaviour weight w_t, rejection sampling and the
-aggregation, so PPO, GRPO, GSPO, DAPO, SAPO, IcePop and KPop are one code path.
+aggregation, so PPO, GRPO, GSPO, DAPO, SAPO, CISPO, IcePop and KPop are one code path.
 """
 
 from __future__ import annotations
@@ -52,6 +52,18 @@ def sapo_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, cfg: PPOActorC
     gate = torch.where(advantages > 0, gate_pos, gate_neg)
     no_clip = torch.zeros_like(ratio, dtype=torch.bool)
     return -gate * advantages, {"sapo_soft_gate": gate, "clip_fraction": no_clip, "dual_clip_fraction": no_clip}
+
+
+@register_policy_loss("cispo")
+def cispo_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, cfg: PPOActorConfig):
+    """CISPO (MiniMax-M1): L = -sg(r_hat) A log r, r_hat = clip(r, 1 - eps_lo, 1 + eps_hi). The gradient,
+    -r_hat A grad log pi_theta, is the paper's: the clipped weight is detached, so no token's gradient is
+    clipped away. The value takes log r = log pi_theta - log pi_old for the paper's log pi_theta: the two
+    differ by the constant r_hat A log pi_old."""
+    clipped_ratio = ratio.detach().clamp(1.0 - cfg.eps_clip, 1.0 + cfg.eps_clip_high)
+    left_band = clipped_ratio != ratio.detach()
+    no_dual = torch.zeros_like(left_band)
+    return -clipped_ratio * advantages * ratio.log(), {"clip_fraction": left_band, "dual_clip_fraction": no_dual}
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -209,7 +209,7 @@ class PPOActorConfig:
     """Logit temperature of the trainer's log-probs; must equal the sampling temperature, which it follows
     on the command line unless both are set."""
     policy_loss: str = "ppo"
-    """Registered per-token surrogate: 'ppo' (clip) or 'sapo'; new ones via register_policy_loss."""
+    """Registered per-token surrogate: 'ppo' (clip), 'sapo' or 'cispo'; new ones via register_policy_loss."""
     adv_estimator: str = "gae"
     """Registered advantage estimator; new ones via register_advantage_estimator."""
     loss_agg_mode: str = "token-mean"
@@ -270,6 +270,15 @@ class PPOActorConfig:
             check_number("sapo_tau_neg", self.sapo_tau_neg, low=0.0, low_open=True)
             if self.use_decoupled_loss:
                 fail("use_decoupled_loss", True, "false with SAPO (use_sapo_loss / policy_loss='sapo')")
+
+        if self.policy_loss == "cispo":  # the IS weight's band [1 - eps_clip, 1 + eps_clip_higher], per token
+            if self.eps_clip_higher is None or self.eps_clip_higher <= 0:
+                fail("eps_clip_higher", self.eps_clip_higher, "> 0 with policy_loss='cispo' (the upper bound "
+                                                              "1 + eps_clip_higher of the importance weight)")
+            if self.importance_sampling_level != "token":
+                fail("importance_sampling_level", self.importance_sampling_level, "'token' with policy_loss='cispo'")
+            if self.c_clip is not None:
+                fail("c_clip", self.c_clip, "null with policy_loss='cispo' (it clips no loss)")
 
         if isinstance(self.gae_lambda, bool) or not isinstance(self.gae_lambda, (int, float, str)):
             fail("gae_lambda", self.gae_lambda, "a number in [0, 1] or a dotted path to a lambda function")

@@ -654,3 +654,60 @@ def test_value_loss_all_masked():
     assert grad is not None and torch.isfinite(grad).all()
     _close(grad, torch.zeros(1, 2))
     assert torch.isfinite(stats["clip_fraction"])
+
+
+# ====================================================================== CISPO
+
+
+ELL = [-2.0, -0.5, 0.0, 0.3, 1.5, 0.1]  # log r of six tokens, the last masked
+ADV = [1.0, -2.0, 0.5, 3.0, -1.0, 2.0]
+MASK = [True, True, True, True, True, False]
+
+
+def cispo(eps_lo: float, eps_hi: float, **kw) -> PPOActorConfig:
+    return PPOActorConfig(policy_loss="cispo", eps_clip=eps_lo, eps_clip_higher=eps_hi, **kw)
+
+
+@pytest.mark.parametrize("eps_lo, eps_hi", [(0.2, 0.28), (1.0, 4.0)])
+def test_cispo_loss_and_gradient_are_the_clipped_detached_weight_times_the_policy_gradient(eps_lo, eps_hi):
+    # r_hat = clip(e^ell, 1 - eps_lo, 1 + eps_hi), detached; L = -sum r_hat A ell / 5; dL/dlogp = -r_hat A / 5.
+    r_hat = [min(max(math.exp(x), 1 - eps_lo), 1 + eps_hi) for x in ELL]
+    loss, stats, grad = _run([ELL], [ADV], mask=[MASK], cfg=cispo(eps_lo, eps_hi))
+    _close(loss, -sum(r * a * x for r, a, x, m in zip(r_hat, ADV, ELL, MASK) if m) / 5)
+    _close(grad, [[-r * a / 5 if m else 0.0 for r, a, m in zip(r_hat, ADV, MASK)]])
+    left = [abs(r - math.exp(x)) > 1e-9 for r, x in zip(r_hat, ELL)]
+    assert _stat(stats, "clip_fraction") == pytest.approx(sum(c for c, m in zip(left, MASK) if m) / 5)
+    assert _stat(stats, "dual_clip_fraction") == 0.0
+
+
+def test_cispo_gradient_reaches_no_old_log_prob_and_clipped_tokens_keep_theirs():
+    # r = e^2 far above the band: PPO would give this token no gradient, CISPO gives -(1 + eps_hi) A / N.
+    logp = _t([[2.0, 0.0]]).requires_grad_(True)
+    old = _t([[0.0, 0.0]]).requires_grad_(True)
+    loss, _ = policy_loss(logp, old, _t([[1.0, 1.0]]), _t([[True, True]], torch.bool), cispo(0.2, 0.28))
+    loss.backward()
+    _close(logp.grad, [[-1.28 / 2, -1.0 / 2]])
+    assert old.grad is None or torch.count_nonzero(old.grad) == 0
+
+
+def test_cispo_with_the_decoupled_loss_weights_each_token_by_pi_prox_over_pi_behave():
+    # old (prox) = 0, behave = [-.5, .3]: w = [e^.5, e^-.3]; r = [e^.1, e^-.1] in band (1, 4).
+    cfg = cispo(1.0, 4.0, use_decoupled_loss=True)
+    ell, adv, w = [0.1, -0.1], [1.0, -2.0], [math.exp(0.5), math.exp(-0.3)]
+    loss, _, grad = _run([ell], [adv], cfg=cfg, behave=[[-0.5, 0.3]])
+    _close(loss, -sum(math.exp(x) * a * x * v for x, a, v in zip(ell, adv, w)) / 2)
+    _close(grad, [[-math.exp(x) * a * v / 2 for x, a, v in zip(ell, adv, w)]])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"eps_clip_higher": None}, "eps_clip_higher=None is invalid: must be > 0 with policy_loss='cispo'"),
+    ({"eps_clip_higher": 0.0}, "eps_clip_higher=0.0 is invalid: must be > 0 with policy_loss='cispo'"),
+    ({"eps_clip_higher": 4.0, "importance_sampling_level": "sequence"},
+     "importance_sampling_level='sequence' is invalid: must be 'token' with policy_loss='cispo'"),
+    ({"eps_clip_higher": 4.0, "c_clip": 3.0}, "c_clip=3.0 is invalid: must be null with policy_loss='cispo'"),
+    ({"eps_clip_higher": 4.0, "use_sapo_loss": True}, "policy_loss='cispo' is invalid: must be 'sapo' (or unset)"),
+])
+def test_cispo_settings_that_do_not_apply_are_refused(kwargs, message):
+    with pytest.raises(ValueError) as e:
+        PPOActorConfig(policy_loss="cispo", **kwargs)
+    assert str(e.value).startswith(message)

@@ -280,3 +280,51 @@ def test_gdpo_with_one_reward_is_grpo_without_the_advantage_normalisation():
     assert_rows(advantages_of(actor_of("gdpo")), group_zscore(eps=1e-4))
     one = torch.tensor([REWARDS]).T
     assert_rows(advantages_of(actor_of("gdpo"), reward_terms=one, reward_weights=torch.ones(1)), group_zscore(eps=1e-4))
+
+
+def kl_batch() -> tuple[torch.Tensor, torch.Tensor, list[list[float]]]:
+    """old and reference log-probs of the batch's tokens, and each row's deltas old - ref on its tokens."""
+    old = torch.zeros(len(LENGTHS), T)
+    ref = torch.zeros(len(LENGTHS), T)
+    deltas = []
+    for b, n in enumerate(LENGTHS):
+        row = []
+        for k in range(n):
+            old[b, 2 + k], ref[b, 2 + k] = -0.5 - 0.1 * k - 0.05 * b, -1.0 + 0.2 * k
+            row.append(float(old[b, 2 + k] - ref[b, 2 + k]))
+        deltas.append(row)
+    return old, ref, deltas
+
+
+def token_zscore(values: list[list[float]], eps: float = 1e-5) -> list[list[float]]:
+    flat = [v for row in values for v in row]
+    mu = mean(flat)
+    sd = std_unbiased(flat, mu)
+    return [[(v - mu) / (sd + eps) for v in row] for row in values]
+
+
+@pytest.mark.parametrize("preset, estimator, baseline", [
+    ("reinforce_plus_plus", lambda d: d, [0.0] * 6),
+    ("reinforce_plus_plus_baseline", lambda d: d * d / 2, [2 / 3] * 3 + [1 / 3] * 3),
+])
+def test_reinforce_plus_plus_kl_in_each_tokens_reward_then_returns_z_scored_over_the_batch(preset, estimator,
+                                                                                            baseline):
+    # Token t's reward: -0.001 K(old - ref), plus the row's outcome R (minus its group's mean for the baseline
+    # variant) on its last token; A_t = the undiscounted return sum_{s >= t}, then z-scored over all tokens.
+    old, ref, deltas = kl_batch()
+    cfg = actor_of(preset)
+    returns = []
+    for b, row in enumerate(deltas):
+        rewards = [-0.001 * estimator(d) for d in row]
+        rewards[-1] += REWARDS[b] - baseline[b]
+        returns.append([sum(rewards[k:]) for k in range(len(rewards))])
+    expected = token_zscore(returns)
+    adv = advantages_of(cfg, old_logp=old, ref_logp=ref)
+    for b, row in enumerate(expected):
+        torch.testing.assert_close(adv[b, 2:2 + LENGTHS[b]], torch.tensor(row), atol=1e-5, rtol=1e-5)
+
+
+def test_cispo_is_grpo_with_the_clipped_weight_loss():
+    cfg = actor_of("cispo")
+    assert (cfg.policy_loss, cfg.eps_clip, cfg.eps_clip_higher) == ("cispo", 1.0, 4.0)
+    assert_rows(advantages_of(cfg), token_batch_zscore(group_zscore()))
