@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from lit_ppo.algos.rejection import rejection_sampling
+from lit_ppo.algos.rejection import bernoulli_kl, rejection_sampling
 from lit_ppo.utils.registry import Registry
 
 if TYPE_CHECKING:
-    from lit_ppo.config import PPOActorConfig
+    from lit_ppo.config import PPOActorConfig, TrustRegionMaskConfig
 
 SurrogateFn = Callable[[torch.Tensor, torch.Tensor, "PPOActorConfig"],
                        tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -76,6 +76,29 @@ def _sequence_broadcast(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return mean * mask
 
 
+def trust_region_keep(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                      cfg: TrustRegionMaskConfig) -> torch.Tensor:
+    """DPPO's mask: False where the sampled token's probability p = pi_theta moved from mu = pi_old past the
+    bound in the direction its advantage pushes (A > 0 and it rose, A < 0 and it fell), by |p - mu|
+    (binary_tv) or KL(Bern(mu) || Bern(p)) (binary_kl)."""
+    p, mu = logp.detach().float().exp(), old_logp.detach().float().exp()
+    if cfg.divergence == "binary_tv":
+        past_high, past_low = p - mu > cfg.high, mu - p > cfg.low
+    else:
+        divergence = bernoulli_kl(old_logp.detach(), logp.detach())
+        past_high, past_low = (p > mu) & (divergence > cfg.high), (p < mu) & (divergence > cfg.low)
+    return ~(((advantages > 0) & past_high) | ((advantages < 0) & past_low))
+
+
+def high_entropy_keep(entropy: torch.Tensor, valid: torch.Tensor, fraction: float) -> torch.Tensor:
+    """True for the tokens whose entropy reaches the (1 - fraction) quantile of the valid tokens' entropies
+    (linear interpolation, as torch.quantile and TRL)."""
+    if not valid.any():
+        return valid
+    threshold = torch.quantile(entropy.detach().float()[valid], 1.0 - fraction)
+    return entropy.detach().float() >= threshold
+
+
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, *, num_tokens: float | None,
               num_seqs: float | None, max_new_tokens: int, row_tokens: torch.Tensor) -> torch.Tensor:
     """Reduce ``[B, T]`` losses to a scalar; ``num_tokens`` / ``num_seqs`` are global counts so that
@@ -107,7 +130,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     ``cfg.rejection_sampling``. With ``importance_sampling_level='sequence'`` (GSPO) r and A are
     replaced by the sequence's s_i = exp(mean_t log r_t) and mean advantage; the gradient flows
     through s_i. Token-mean loss = sum_t L_t / N with N = ``num_tokens`` or the mask count, counted
-    before rejection (rejected tokens leave the numerator only).
+    before rejection (rejected tokens leave the numerator only). The trust-region mask and the entropy
+    quantile (``cfg.trust_region_mask``, ``cfg.top_entropy_quantile``) narrow the numerator the same way.
     """
     if not (logp.shape == old_logp.shape == advantages.shape == mask.shape) or logp.dim() != 2:
         raise ValueError(f"logp, old_logp, advantages and mask must share one [B, T] shape, got "
@@ -130,6 +154,16 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
             weight = torch.where(valid & torch.isfinite(log_w), log_w, 0.0).exp() * valid
             stats["behave_imp_weight"] = _masked_mean(weight, valid)
             stats["filtered_fraction"] = torch.zeros(())
+    if cfg.trust_region_mask is not None:
+        kept = trust_region_keep(logp, old_logp, advantages, cfg.trust_region_mask)
+        stats["trust_region_masked_fraction"] = _masked_mean(~kept, valid)
+        loss_mask = loss_mask & kept
+    if cfg.top_entropy_quantile < 1.0:
+        if entropy is None:
+            raise ValueError("top_entropy_quantile < 1 needs the tokens' entropy")
+        kept = high_entropy_keep(entropy, valid, cfg.top_entropy_quantile)
+        stats["low_entropy_masked_fraction"] = _masked_mean(~kept, valid)
+        loss_mask = loss_mask & kept
     m = loss_mask.float()
 
     log_ratio = torch.where(valid, logp.float() - old_logp.float(), 0.0)

@@ -16,16 +16,17 @@ from lit_ppo.config import RejectionSamplingConfig
 _PROB_EPS = 1e-8
 
 
-def binary_kl(logp: torch.Tensor, base_logp: torch.Tensor) -> torch.Tensor:
-    """KPop metric: symmetric (max of both directions) KL between the Bernoulli distributions
-    'this token' vs 'any other token' under the two policies. float64 inside: 1 - 1e-8 is 1 in float32."""
+def bernoulli_kl(logp: torch.Tensor, base_logp: torch.Tensor) -> torch.Tensor:
+    """KL(Bern(p) || Bern(q)) of 'this token' vs 'any other token', p = exp(logp), q = exp(base_logp).
+    float64 inside: 1 - 1e-8 is 1 in float32."""
     p = logp.double().exp().clamp(_PROB_EPS, 1 - _PROB_EPS)
     q = base_logp.double().exp().clamp(_PROB_EPS, 1 - _PROB_EPS)
+    return (p * (p / q).log() + (1 - p) * ((1 - p) / (1 - q)).log()).nan_to_num(0.0).float()
 
-    def kl(a, b):
-        return a * (a / b).log() + (1 - a) * ((1 - a) / (1 - b)).log()
 
-    return torch.maximum(kl(p, q), kl(q, p)).nan_to_num(0.0).float()
+def binary_kl(logp: torch.Tensor, base_logp: torch.Tensor) -> torch.Tensor:
+    """KPop metric: the symmetric (max of both directions) ``bernoulli_kl`` of the two policies."""
+    return torch.maximum(bernoulli_kl(logp, base_logp), bernoulli_kl(base_logp, logp))
 
 
 def _token_metric(metric: str, log_w: torch.Tensor, prox_logp: torch.Tensor,

@@ -7,7 +7,7 @@ refer to (registered losses and estimators, task classes) are resolved by the la
 from lit_ppo.config.algo import (GAE_UNITS, IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, LR_SCHEDULES,
                                  NORM_LEVELS, REJECTION_ACTIONS, REJECTION_AGGS, REJECTION_LEVELS, REJECTION_METRICS,
                                  EvalConfig, GenerationConfig, NormConfig, OptimizerConfig, PPOActorConfig,
-                                 PPOCriticConfig, RejectionSamplingConfig)
+                                 PPOCriticConfig, RejectionSamplingConfig, TrustRegionMaskConfig)
 from lit_ppo.config.checks import check_fields, check_value, describe, type_hints
 from lit_ppo.config.keys import LIGHTNING_NAMES, ROLLOUT_KEYS, typed_key
 from lit_ppo.config.model import DTYPES, ModelConfig
@@ -19,5 +19,5 @@ DEFAULT_ALGO = "custom"
 __all__ = ["DEFAULT_ALGO", "DTYPES", "GAE_UNITS", "IMPORTANCE_SAMPLING_LEVELS", "KL_ESTIMATORS", "LIGHTNING_NAMES",
            "LOSS_AGG_MODES", "LR_SCHEDULES", "NORM_LEVELS", "REJECTION_ACTIONS", "REJECTION_AGGS", "REJECTION_LEVELS",
            "REJECTION_METRICS", "ROLLOUT_KEYS", "EvalConfig", "GenerationConfig", "ModelConfig", "NormConfig",
-           "OptimizerConfig", "PPOActorConfig", "PPOCriticConfig", "RejectionSamplingConfig", "RolloutConfig",
+           "OptimizerConfig", "PPOActorConfig", "PPOCriticConfig", "RejectionSamplingConfig", "RolloutConfig", "TrustRegionMaskConfig",
            "check_fields", "check_value", "describe", "type_hints", "typed_key"]

@@ -23,6 +23,7 @@ GAE_UNITS = ("token", "turn")
 MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+TRUST_REGION_DIVERGENCES = ("binary_tv", "binary_kl")
 
 
 @dataclass
@@ -139,6 +140,26 @@ class OptimizerConfig:
 
 
 @dataclass
+class TrustRegionMaskConfig:
+    """DPPO's trust-region mask: a token's loss is dropped when its probability under the policy moved past a
+    divergence bound from pi_old, in the direction its advantage pushes (docs/algorithms.md#trust-region-mask)."""
+
+    divergence: str = "binary_tv"
+    """'binary_tv': |pi_theta - pi_old| of the sampled token; 'binary_kl': KL(Bern(pi_old) || Bern(pi_theta)),
+    'this token' against 'any other'."""
+    low: float = 0.15
+    """Bound of a token with A < 0 whose probability fell."""
+    high: float = 0.15
+    """Bound of a token with A > 0 whose probability rose."""
+
+    def __post_init__(self):
+        check_fields(self, "trust_region_mask")
+        check_choice("trust_region_mask.divergence", self.divergence, TRUST_REGION_DIVERGENCES)
+        check_number("trust_region_mask.low", self.low, low=0.0, low_open=True)
+        check_number("trust_region_mask.high", self.high, low=0.0, low_open=True)
+
+
+@dataclass
 class PPOActorConfig:
     """Actor (policy) settings: rewards, advantages, the policy loss and its optimisation."""
 
@@ -201,6 +222,12 @@ class PPOActorConfig:
     """Decoupled PPO: ratio against the recomputed proximal policy, times the behaviour weight pi_prox/pi_behave."""
     rejection_sampling: RejectionSamplingConfig | None = None
     """Bounds on the behaviour weight (IcePop, KPop); used with use_decoupled_loss."""
+    trust_region_mask: TrustRegionMaskConfig | None = None
+    """DPPO's binary-TV / binary-KL trust-region mask on the policy loss, or None."""
+    top_entropy_quantile: float = 1.0
+    """Only the tokens whose entropy is in this top fraction of the micro-batch's generated tokens keep their
+    loss (0.2 in "Beyond the 80/20 Rule", arXiv:2506.01939; TRL's key); the others still count in the
+    normaliser. 1.0 keeps every token."""
     importance_sampling_level: str = "token"
     """'token' ratio, or 'sequence' (GSPO: geometric mean ratio and mean advantage per sequence)."""
     max_new_tokens: int = 1024
@@ -229,6 +256,7 @@ class PPOActorConfig:
         self.adv_norm = as_config(NormConfig, "adv_norm", self.adv_norm)
         self.rejection_sampling = as_config(RejectionSamplingConfig, "rejection_sampling",
                                              self.rejection_sampling)
+        self.trust_region_mask = as_config(TrustRegionMaskConfig, "trust_region_mask", self.trust_region_mask)
         check_fields(self)
         check_positive_int("ppo_n_minibatches", self.ppo_n_minibatches)
         check_number("eps_clip", self.eps_clip, low=0.0)
@@ -247,6 +275,7 @@ class PPOActorConfig:
         check_positive_int("max_new_tokens", self.max_new_tokens)
         check_number("temperature", self.temperature, low=0.0, low_open=True)
         check_number("entropy_coef", self.entropy_coef, low=0.0)
+        check_number("top_entropy_quantile", self.top_entropy_quantile, low=0.0, low_open=True, high=1.0)
         check_positive_int("max_skipped_steps", self.max_skipped_steps)
         if self.overlong_reward_penalty:
             if self.overlong_tokens is None or self.overlong_penalty_factor is None:

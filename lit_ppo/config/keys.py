@@ -55,6 +55,7 @@ FOREIGN_KEYS: dict[str, tuple[str, str, str]] = {
     "scale_rewards": ("TRL", "actor.reward_norm.std_level", " (group, batch, or actor.reward_norm.std_level=null "
                       "for none)"),
     "mask_truncated_completions": ("TRL", "actor.mask_no_eos_with_zero", ""),
+    "top_entropy_quantile": ("TRL", "actor.top_entropy_quantile", ""),
     "entropy_coef": ("TRL", "actor.entropy_coef", ""),
     "max_grad_norm": ("TRL", "actor.optimizer.gradient_clipping", ""),
     "warmup_steps": ("TRL", "actor.optimizer.warmup_steps", ""),

@@ -46,3 +46,17 @@ def test_ppo_with_kl_reference_and_rejection_group(cli_here):
     result = cli_here("fit", "algo=ppo", "rejection=icepop", "actor.kl_ctl=0.05", "+actor.kl_estimator=k3", *FAST)
     assert result.returncode == 0, result.stderr[-3000:]
     assert iterations_done(cli_here.cwd) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset, extra", [
+    ("cispo", ["rejection=icepop"]),
+    ("dppo", ["rejection=kpop", "actor.top_entropy_quantile=0.2"]),
+    ("reinforce_plus_plus_baseline", ["rejection=geo_mask"]),
+])
+def test_the_newer_presets_take_a_rejection_mask_under_asynchronous_rollouts(cli_here, preset, extra):
+    result = cli_here("fit", f"algo={preset}", *extra, "rollout.max_head_offpolicyness=1", *FAST)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert iterations_done(cli_here.cwd) == 2
+    config = (run_dir(cli_here.cwd) / "config.yaml").read_text()
+    assert "use_decoupled_loss: true" in config and "max_head_offpolicyness: 1" in config

@@ -711,3 +711,62 @@ def test_cispo_settings_that_do_not_apply_are_refused(kwargs, message):
     with pytest.raises(ValueError) as e:
         PPOActorConfig(policy_loss="cispo", **kwargs)
     assert str(e.value).startswith(message)
+
+
+# ====================================================================== DPPO trust-region mask
+
+
+def bern_kl(mu: float, p: float) -> float:
+    return mu * math.log(mu / p) + (1 - mu) * math.log((1 - mu) / (1 - p))
+
+
+# (pi_old, pi_theta, A) of five tokens: a rare token tripled, a likely one nudged up, one up by 0.2, one down by
+# 0.2 with A < 0, one down by 0.2 with A > 0 (the direction the advantage does not push: never masked).
+TOKENS = [(0.01, 0.03, 1.0), (0.9, 0.99, 1.0), (0.5, 0.7, 1.0), (0.3, 0.1, -1.0), (0.3, 0.1, 1.0)]
+
+
+@pytest.mark.parametrize("divergence, bound, kept", [
+    ("binary_tv", 0.15, [True, True, False, False, True]),  # |p - mu| = .02, .09, .2, .2, .2
+    ("binary_kl", 0.05, [True, False, False, False, True]),  # KL = .0092, .1445, .0872, .1537, .1537
+])
+def test_trust_region_mask_drops_tokens_that_moved_past_the_bound_the_way_their_advantage_pushes(divergence, bound,
+                                                                                                  kept):
+    assert [round(abs(p - mu), 4) for mu, p, _ in TOKENS] == [0.02, 0.09, 0.2, 0.2, 0.2]
+    assert [round(bern_kl(mu, p), 4) for mu, p, _ in TOKENS] == [0.0092, 0.1445, 0.0872, 0.1537, 0.1537]
+    # DPPO's loss: REINFORCE with the ratio truncated at C = 20 (cispo with eps 1 / 19): L = -r A log r.
+    cfg = cispo(1.0, 19.0, trust_region_mask={"divergence": divergence, "low": bound, "high": bound})
+    adv = [a for _, _, a in TOKENS]
+    loss, stats, grad = _run([[math.log(p) for _, p, _ in TOKENS]], [adv], cfg=cfg,
+                             old=[[math.log(mu) for mu, _, _ in TOKENS]])
+    r = [p / mu for mu, p, _ in TOKENS]
+    _close(loss, -sum(x * a * math.log(x) for x, a, k in zip(r, adv, kept) if k) / 5)  # masked tokens stay in N
+    _close(grad, [[-x * a / 5 if k else 0.0 for x, a, k in zip(r, adv, kept)]])
+    assert _stat(stats, "trust_region_masked_fraction") == pytest.approx(kept.count(False) / 5)
+
+
+def test_trust_region_mask_settings_are_checked():
+    with pytest.raises(ValueError, match=r"^trust_region_mask.divergence='tv' is invalid: must be one of 'binary_tv', "
+                                         r"'binary_kl'$"):
+        PPOActorConfig(trust_region_mask={"divergence": "tv"})
+    with pytest.raises(ValueError, match=r"^trust_region_mask.high=0 is invalid"):
+        PPOActorConfig(trust_region_mask={"high": 0})
+
+
+# ====================================================================== high-entropy tokens (80/20)
+
+
+def test_only_the_top_entropy_fraction_keeps_its_loss_and_every_token_counts_in_n():
+    # Entropies [.01, .02, .5, 1.2, 2.0]: the 0.8 quantile interpolates 1.2 + .2 * .8 = 1.36, so only the last
+    # token (2.0) keeps its loss; r = 1 (PPO: L = -A), N = 5.
+    entropy = _t([[0.01, 0.02, 0.5, 1.2, 2.0]])
+    adv = [1.0, -2.0, 0.5, 3.0, -1.5]
+    loss, stats, grad = _run([[0.0] * 5], [adv], cfg=PPOActorConfig(top_entropy_quantile=0.2), entropy=entropy)
+    _close(loss, 1.5 / 5)
+    _close(grad, [[0.0, 0.0, 0.0, 0.0, 1.5 / 5]])
+    assert _stat(stats, "low_entropy_masked_fraction") == pytest.approx(0.8)
+    # Masked tokens do not set the threshold: with the last masked, 1.2 is the top of four.
+    loss, _, grad = _run([[0.0] * 5], [adv], mask=[[True, True, True, True, False]],
+                         cfg=PPOActorConfig(top_entropy_quantile=0.2), entropy=entropy)
+    _close(grad, [[0.0, 0.0, 0.0, -3.0 / 4, 0.0]])
+    with pytest.raises(ValueError, match=r"^top_entropy_quantile=0 is invalid"):
+        PPOActorConfig(top_entropy_quantile=0)

@@ -162,7 +162,7 @@ def test_ppo_gae_with_critic_values_then_batch_zscore():
     torch.testing.assert_close(adv, expected.float(), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("option,metric", [("icepop", "ratio"), ("kpop", "binary_kl")])
+@pytest.mark.parametrize("option,metric", [("icepop", "ratio"), ("kpop", "binary_kl"), ("geo_mask", "ratio")])
 def test_rejection_group_adds_the_mask_to_any_preset(option, metric):
     tree = compose(["algo=rloo", f"rejection={option}", "logger=none"])
     cfg = PPOActorConfig(**tree["model"]["actor"])
@@ -328,3 +328,27 @@ def test_cispo_is_grpo_with_the_clipped_weight_loss():
     cfg = actor_of("cispo")
     assert (cfg.policy_loss, cfg.eps_clip, cfg.eps_clip_higher) == ("cispo", 1.0, 4.0)
     assert_rows(advantages_of(cfg), token_batch_zscore(group_zscore()))
+
+
+def test_geo_mask_drops_rows_whose_geometric_mean_weight_leaves_one_percent():
+    # l_t = prox - behave. Row 0: [.005, .005] -> exp(.005) = 1.005 kept; row 1: [.02, 0] -> exp(.01) = 1.01005
+    # dropped; row 2: [-.011, -.009] -> exp(-.01) = .99005 kept. Kept rows weigh each token by their geometric
+    # mean; r = 1, A = 1: L = -(2 * e^.005 + 2 * e^-.01) / 6, every token in N.
+    from lit_ppo.algos import policy_loss
+
+    cfg = PPOActorConfig(**compose(["algo=grpo", "rejection=geo_mask", "logger=none"])["model"]["actor"])
+    behave = -torch.tensor([[0.005, 0.005], [0.02, 0.0], [-0.011, -0.009]])
+    zeros = torch.zeros(3, 2)
+    mask = torch.ones(3, 2, dtype=torch.bool)
+    loss, stats = policy_loss(zeros.clone().requires_grad_(True), zeros, torch.ones(3, 2), mask, cfg, behave_logp=behave)
+    assert float(loss) == pytest.approx(-(2 * math.exp(0.005) + 2 * math.exp(-0.01)) / 6, rel=1e-5)
+    assert float(stats["filtered_fraction"]) == pytest.approx(2 / 6)
+
+
+def test_dppo_is_the_trust_region_mask_on_the_truncated_ratio():
+    cfg = actor_of("dppo")
+    assert (cfg.policy_loss, cfg.eps_clip, cfg.eps_clip_higher) == ("cispo", 1.0, 19.0)
+    assert (cfg.trust_region_mask.divergence, cfg.trust_region_mask.low, cfg.trust_region_mask.high) == (
+        "binary_tv", 0.15, 0.15)
+    assert_rows(advantages_of(cfg), token_batch_zscore(group_zscore()))
+
