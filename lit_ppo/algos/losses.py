@@ -3,7 +3,7 @@ docs/algorithms.md#value-loss).
 
 A policy loss is a registered per-token surrogate L_t(r_t, A_t); ``policy_loss`` supplies the ratio
 (token, or GSPO's sequence ratio), the decoupled behaviour weight w_t, rejection sampling and the
-aggregation, so PPO, GRPO, GSPO, DAPO, SAPO, CISPO, IcePop and KPop are one code path.
+aggregation, so PPO, GRPO, GSPO, GMPO, DAPO, SAPO, CISPO, DPPO, M2PO, IcePop and KPop are one code path.
 """
 
 from __future__ import annotations
@@ -64,6 +64,41 @@ def cispo_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, cfg: PPOActor
     left_band = clipped_ratio != ratio.detach()
     no_dual = torch.zeros_like(left_band)
     return -clipped_ratio * advantages * ratio.log(), {"clip_fraction": left_band, "dual_clip_fraction": no_dual}
+
+
+@register_policy_loss("gmpo")
+@register_policy_loss("unclipped")
+def unclipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, cfg: PPOActorConfig):
+    """L = -r A: the importance-weighted policy gradient without a clip (M2PO's objective, whose trust region
+    is its mask; GMPO's, whose ratio is clipped before its geometric mean)."""
+    no_clip = torch.zeros_like(ratio, dtype=torch.bool)
+    return -ratio * advantages, {"clip_fraction": no_clip, "dual_clip_fraction": no_clip}
+
+
+def gmpo_log_ratio(log_ratio: torch.Tensor, advantages: torch.Tensor, cfg: PPOActorConfig) -> torch.Tensor:
+    """GMPO's token clip in log space, the way the advantage pushes: min(log r, eps_hi) where A > 0,
+    max(log r, -eps_lo) where A < 0, before the geometric mean."""
+    return torch.where(advantages > 0, log_ratio.clamp(max=cfg.eps_clip_high),
+                       torch.where(advantages < 0, log_ratio.clamp(min=-cfg.eps_clip), log_ratio))
+
+
+def m2po_keep(behave_logp: torch.Tensor, prox_logp: torch.Tensor, valid: torch.Tensor,
+              threshold: float) -> torch.Tensor:
+    """M2PO's mask (AReaL's form): with m2_t = (log pi_behave - log pi_prox)^2 over the valid tokens sorted
+    from the largest, the k largest are dropped, k the first index whose suffix mean is below ``threshold``
+    (all but the smallest when none is)."""
+    m2 = (behave_logp.detach().float() - prox_logp.detach().float()).square()[valid]
+    if m2.numel() == 0:
+        return valid
+    order = m2.argsort(descending=True)
+    suffix_means = m2[order].flip(0).cumsum(0).flip(0) / torch.arange(m2.numel(), 0, -1, device=m2.device)
+    below = (suffix_means < threshold).nonzero()
+    k = int(below[0]) if below.numel() else m2.numel() - 1
+    kept = torch.ones_like(m2, dtype=torch.bool)
+    kept[order[:k]] = False
+    keep = torch.zeros_like(valid)
+    keep[valid] = kept
+    return keep
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -154,6 +189,10 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
             weight = torch.where(valid & torch.isfinite(log_w), log_w, 0.0).exp() * valid
             stats["behave_imp_weight"] = _masked_mean(weight, valid)
             stats["filtered_fraction"] = torch.zeros(())
+    if cfg.m2_threshold is not None:
+        kept = m2po_keep(behave_logp, old_logp, valid, cfg.m2_threshold)
+        stats["m2po_masked_fraction"] = _masked_mean(~kept, valid)
+        loss_mask = loss_mask & kept
     if cfg.trust_region_mask is not None:
         kept = trust_region_keep(logp, old_logp, advantages, cfg.trust_region_mask)
         stats["trust_region_masked_fraction"] = _masked_mean(~kept, valid)
@@ -167,6 +206,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     m = loss_mask.float()
 
     log_ratio = torch.where(valid, logp.float() - old_logp.float(), 0.0)
+    if cfg.policy_loss == "gmpo":
+        log_ratio = gmpo_log_ratio(log_ratio, advantages, cfg)
     if cfg.importance_sampling_level == "sequence":
         ratio = _sequence_broadcast(log_ratio, m).exp() * m
         advantages = _sequence_broadcast(advantages, m)

@@ -222,6 +222,9 @@ class PPOActorConfig:
     """Decoupled PPO: ratio against the recomputed proximal policy, times the behaviour weight pi_prox/pi_behave."""
     rejection_sampling: RejectionSamplingConfig | None = None
     """Bounds on the behaviour weight (IcePop, KPop); used with use_decoupled_loss."""
+    m2_threshold: float | None = None
+    """M2PO (AReaL's key): with the decoupled loss, drop the tokens of largest (log pi_behave - log pi_prox)^2
+    until the mean of the rest is below this (0.04 in the paper); None: no M2PO mask."""
     trust_region_mask: TrustRegionMaskConfig | None = None
     """DPPO's binary-TV / binary-KL trust-region mask on the policy loss, or None."""
     top_entropy_quantile: float = 1.0
@@ -236,7 +239,8 @@ class PPOActorConfig:
     """Logit temperature of the trainer's log-probs; must equal the sampling temperature, which it follows
     on the command line unless both are set."""
     policy_loss: str = "ppo"
-    """Registered per-token surrogate: 'ppo' (clip), 'sapo' or 'cispo'; new ones via register_policy_loss."""
+    """Registered per-token surrogate: 'ppo' (clip), 'sapo', 'cispo', 'gmpo' or 'unclipped'; new ones via
+    register_policy_loss."""
     adv_estimator: str = "gae"
     """Registered advantage estimator; new ones via register_advantage_estimator."""
     loss_agg_mode: str = "token-mean"
@@ -308,6 +312,15 @@ class PPOActorConfig:
                 fail("importance_sampling_level", self.importance_sampling_level, "'token' with policy_loss='cispo'")
             if self.c_clip is not None:
                 fail("c_clip", self.c_clip, "null with policy_loss='cispo' (it clips no loss)")
+
+        if self.policy_loss == "gmpo" and self.importance_sampling_level != "sequence":
+            fail("importance_sampling_level", self.importance_sampling_level,
+                 "'sequence' with policy_loss='gmpo' (its ratio is the geometric mean of the clipped token ratios)")
+        if self.m2_threshold is not None:
+            check_number("m2_threshold", self.m2_threshold, low=0.0, low_open=True)
+            if not self.use_decoupled_loss:
+                fail("m2_threshold", self.m2_threshold, "null without use_decoupled_loss=true (its mask compares "
+                                                        "the behaviour and proximal log-probs)")
 
         if isinstance(self.gae_lambda, bool) or not isinstance(self.gae_lambda, (int, float, str)):
             fail("gae_lambda", self.gae_lambda, "a number in [0, 1] or a dotted path to a lambda function")

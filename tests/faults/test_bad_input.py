@@ -27,7 +27,7 @@ def error_of(capsys, *args: str) -> str:
 
 
 @pytest.mark.parametrize("args,expected", [
-    (["algo=nope"], "algo=nope is invalid: must be one of cispo, dapo, dapo_dynamic_bs, dppo, drgrpo, gdpo, grpo, gspo, icepop, kpop"),
+    (["algo=nope"], "algo=nope is invalid: must be one of cispo, dapo, dapo_dynamic_bs, dppo, drgrpo, gdpo, gmpo, grpo, gspo, icepop"),
     (["actor.eps_clp=0.3"], "actor.eps_clp is not a key (did you mean actor.eps_clip?)"),
     (["+actor.eps_clp=0.3"], "actor.eps_clp is not a key (did you mean actor.eps_clip?)"),
     (["actor.eps_clip=abc"], "actor.eps_clip='abc' is invalid: must be a number"),
@@ -126,7 +126,7 @@ def test_check_config_is_used_by_run(monkeypatch):
     # a wrong option of any group names that group, not another one on the line
     (["rollout=sglang"], "error: rollout=sglang is invalid: must be one of hf, vllm"),
     (["trainer=tpu"], "error: trainer=tpu is invalid (did you mean trainer=gpu?): must be one of cpu, ddp, fsdp, gpu"),
-    (["algo=grpo", "rejection=popice"], "error: rejection=popice is invalid (did you mean rejection=kpop?): must be one of icepop, kpop, none"),
+    (["algo=grpo", "rejection=popice"], "error: rejection=popice is invalid (did you mean rejection=kpop?): must be one of geo_mask, icepop, kpop, none"),
     (["data=gsm8k"], "error: data.task_kwargs.train_path is required: give data.task_kwargs.train_path=<value>"),
     (["data=gsm8k", "data.task_kwargs.train_path=nope.jsonl"],
      "error: data.task_kwargs.train_path='nope.jsonl': no such file"),

@@ -53,6 +53,8 @@ def test_ppo_with_kl_reference_and_rejection_group(cli_here):
     ("cispo", ["rejection=icepop"]),
     ("dppo", ["rejection=kpop", "actor.top_entropy_quantile=0.2"]),
     ("reinforce_plus_plus_baseline", ["rejection=geo_mask"]),
+    ("m2po", ["rejection=icepop"]),
+    ("gmpo", ["rejection=kpop"]),
 ])
 def test_the_newer_presets_take_a_rejection_mask_under_asynchronous_rollouts(cli_here, preset, extra):
     result = cli_here("fit", f"algo={preset}", *extra, "rollout.max_head_offpolicyness=1", *FAST)

@@ -770,3 +770,69 @@ def test_only_the_top_entropy_fraction_keeps_its_loss_and_every_token_counts_in_
     _close(grad, [[0.0, 0.0, 0.0, -3.0 / 4, 0.0]])
     with pytest.raises(ValueError, match=r"^top_entropy_quantile=0 is invalid"):
         PPOActorConfig(top_entropy_quantile=0)
+
+
+# ====================================================================== GMPO
+
+
+def gmpo(**kw) -> PPOActorConfig:
+    return PPOActorConfig(policy_loss="gmpo", importance_sampling_level="sequence", eps_clip=0.4, eps_clip_higher=0.4,
+                          loss_agg_mode="seq-mean-token-mean", **kw)
+
+
+@pytest.mark.parametrize("a, clipped, grad_mask", [
+    (1.0, [0.4, -0.1, 0.0], [0.0, 1.0, 1.0]),  # A > 0: log r capped at 0.4, the capped token gets no gradient
+    (-1.0, [0.5, -0.1, 0.0], [1.0, 1.0, 1.0]),  # A < 0: only a floor at -0.4, not reached
+])
+def test_gmpo_geometric_mean_of_the_token_clipped_ratios_times_the_advantage(a, clipped, grad_mask):
+    # rho = exp(mean clipped log r); L = -A rho (one sequence); dL/dlogp_t = -A rho / 3 where unclipped.
+    rho = math.exp(sum(clipped) / 3)
+    loss, stats, grad = _run([[0.5, -0.1, 0.0]], [[a] * 3], cfg=gmpo())
+    _close(loss, -a * rho)
+    _close(grad, [[-a * rho / 3 * g for g in grad_mask]])
+    assert _stat(stats, "clip_fraction") == 0.0
+
+
+def test_gmpo_floors_a_falling_token_of_negative_advantage_and_averages_sequences():
+    # Row 0: log r [-0.6, 0] with A = -1 -> [-0.4, 0], rho0 = e^-0.2; row 1: [0.2] with A = 2, rho1 = e^0.2.
+    # L = (-(-1) rho0 - 2 rho1) / 2; grads: row 0 token 0 clipped (0), token 1 rho0 / 2 / 2; row 1 -2 rho1 / 2.
+    rho0, rho1 = math.exp(-0.2), math.exp(0.2)
+    loss, _, grad = _run([[-0.6, 0.0], [0.2, 0.0]], [[-1.0, -1.0], [2.0, 2.0]], mask=[[True, True], [True, False]],
+                         cfg=gmpo())
+    _close(loss, (rho0 - 2 * rho1) / 2)
+    _close(grad, [[0.0, rho0 / 4], [-2 * rho1 / 2, 0.0]])
+
+
+def test_gmpo_needs_the_sequence_level():
+    with pytest.raises(ValueError, match=r"^importance_sampling_level='token' is invalid: must be 'sequence' with "
+                                         r"policy_loss='gmpo'"):
+        PPOActorConfig(policy_loss="gmpo")
+
+
+# ====================================================================== M2PO
+
+
+def test_m2po_masks_the_largest_second_moments_until_the_rest_average_below_the_threshold():
+    # behave - prox = [.5, .3, .1, .05, 0]: m2 sorted [.25, .09, .01, .0025, 0]; suffix means .0705 (>= .04),
+    # then .0256 (< .04): only the .25 token is dropped. r = 1, w = exp(prox - behave) = e^delta, unclipped:
+    # L = -sum_kept w A / 5 (every token in N).
+    delta = [0.5, 0.3, 0.1, 0.05, 0.0]
+    adv = [1.0, -1.0, 2.0, 0.5, -0.5]
+    cfg = PPOActorConfig(use_decoupled_loss=True, m2_threshold=0.04, policy_loss="unclipped")
+    loss, stats, grad = _run([[0.0] * 5], [adv], cfg=cfg, behave=[[-d for d in delta]])
+    kept = [False, True, True, True, True]
+    _close(loss, -sum(math.exp(d) * a for d, a, k in zip(delta, adv, kept) if k) / 5)
+    _close(grad, [[-math.exp(d) * a / 5 if k else 0.0 for d, a, k in zip(delta, adv, kept)]])
+    assert _stat(stats, "m2po_masked_fraction") == pytest.approx(0.2)
+
+
+def test_m2po_keeps_the_smallest_token_when_no_suffix_is_below_the_threshold():
+    cfg = PPOActorConfig(use_decoupled_loss=True, m2_threshold=0.04, policy_loss="unclipped")
+    _, stats, grad = _run([[0.0] * 3], [[1.0] * 3], cfg=cfg, behave=[[-1.0, -0.9, 0.8]])  # m2 1, .81, .64
+    _close(grad, [[0.0, 0.0, -math.exp(-0.8) / 3]])
+    assert _stat(stats, "m2po_masked_fraction") == pytest.approx(2 / 3)
+
+
+def test_m2po_needs_the_decoupled_loss():
+    with pytest.raises(ValueError, match=r"^m2_threshold=0.04 is invalid: must be null without use_decoupled_loss"):
+        PPOActorConfig(m2_threshold=0.04)

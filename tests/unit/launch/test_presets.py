@@ -352,3 +352,14 @@ def test_dppo_is_the_trust_region_mask_on_the_truncated_ratio():
         "binary_tv", 0.15, 0.15)
     assert_rows(advantages_of(cfg), token_batch_zscore(group_zscore()))
 
+
+def test_gmpo_and_m2po_presets():
+    gmpo = actor_of("gmpo")
+    assert (gmpo.policy_loss, gmpo.importance_sampling_level, gmpo.eps_clip, gmpo.eps_clip_higher, gmpo.loss_agg_mode) == (
+        "gmpo", "sequence", 0.4, 0.4, "seq-mean-token-mean")
+    m2po = actor_of("m2po")
+    assert (m2po.policy_loss, m2po.use_decoupled_loss, m2po.m2_threshold, m2po.ppo_n_minibatches) == (
+        "unclipped", True, 0.04, 1)
+    for cfg in (gmpo, m2po):
+        assert_rows(advantages_of(cfg), token_batch_zscore(group_zscore()))
+
