@@ -46,6 +46,7 @@ bench: setup
 	$(PY) scripts/bench_async.py
 	$(PY) scripts/bench_agents.py
 	$(PY) scripts/bench_rewards.py
+	$(PY) scripts/bench_prox.py
 	$(PY) scripts/bench_vs_trl.py
 
 clean:

@@ -24,6 +24,7 @@ MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 TRUST_REGION_DIVERGENCES = ("binary_tv", "binary_kl")
+PROX_LOGP_METHODS = ("recompute", "loglinear", "linear")
 
 
 @dataclass
@@ -220,6 +221,10 @@ class PPOActorConfig:
     """Recompute old log-probs with the trainer instead of reusing the engine's behaviour log-probs."""
     use_decoupled_loss: bool = False
     """Decoupled PPO: ratio against the recomputed proximal policy, times the behaviour weight pi_prox/pi_behave."""
+    prox_logp_method: str = "recompute"
+    """With the decoupled loss, where pi_prox comes from: 'recompute' (a forward pass before the update),
+    or 'loglinear' / 'linear' (AReaL's approximations from the behaviour log-probs, the update's own
+    forward pass and each token's version, which skip that pass)."""
     rejection_sampling: RejectionSamplingConfig | None = None
     """Bounds on the behaviour weight (IcePop, KPop); used with use_decoupled_loss."""
     m2_threshold: float | None = None
@@ -316,6 +321,10 @@ class PPOActorConfig:
         if self.policy_loss == "gmpo" and self.importance_sampling_level != "sequence":
             fail("importance_sampling_level", self.importance_sampling_level,
                  "'sequence' with policy_loss='gmpo' (its ratio is the geometric mean of the clipped token ratios)")
+        check_choice("prox_logp_method", self.prox_logp_method, PROX_LOGP_METHODS)
+        if self.prox_logp_method != "recompute" and not self.use_decoupled_loss:
+            fail("prox_logp_method", self.prox_logp_method, "'recompute' without use_decoupled_loss=true (there is "
+                                                            "no proximal policy to approximate)")
         if self.m2_threshold is not None:
             check_number("m2_threshold", self.m2_threshold, low=0.0, low_open=True)
             if not self.use_decoupled_loss:

@@ -24,7 +24,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch.distributed.fsdp import FSDPModule
 
-from lit_ppo.algos import compute_advantages, policy_loss, value_loss
+from lit_ppo.algos import approximate_prox_logp, compute_advantages, policy_loss, value_loss
 from lit_ppo.algos.checks import check_names
 from lit_ppo.callbacks.export import ExportModel
 from lit_ppo.callbacks.graceful_stop import GracefulStop
@@ -226,7 +226,10 @@ class LitPPO(L.LightningModule):
         # ---- the algorithm, 1: old and reference log-probs and values, without gradients.
         # With dropout (model.lora_dropout) the update's own forward is noisy: the old log-probs and the
         # engine check come from a pass without it.
-        needs_prox = cfg.recompute_logprob or cfg.use_decoupled_loss or self.model_cfg.lora_dropout > 0
+        # With an approximated pi_prox (actor.prox_logp_method) the update's own forward pass stands in for it.
+        approximated = cfg.use_decoupled_loss and cfg.prox_logp_method != "recompute"
+        needs_prox = not approximated and (cfg.recompute_logprob or cfg.use_decoupled_loss
+                                           or self.model_cfg.lora_dropout > 0)
         if needs_prox:
             (prox_logp,) = self._no_grad_pass(lambda b: self._logprobs(self.policy, b)[0], batch, cfg.mb_max_tokens)
             metrics["mismatch/logp_abs_diff"] = logp_gap(prox_logp, batch)
@@ -307,7 +310,10 @@ class LitPPO(L.LightningModule):
         def micro_loss(sub: RolloutBatch, idx: torch.Tensor, n_tokens: float, n_seqs: float, minibatch: int):
             width = sub.input_ids.shape[1]
             logp, entropy = self._logprobs(self.policy, sub, with_entropy=True)
-            loss, stats = policy_loss(logp, old_logp[idx, :width], advantages[idx, :width], sub.loss_mask, cfg,
+            prox = old_logp[idx, :width]
+            if cfg.use_decoupled_loss and cfg.prox_logp_method != "recompute":
+                prox = approximate_prox_logp(sub.behave_logp, logp, sub.versions, self.version, cfg.prox_logp_method)
+            loss, stats = policy_loss(logp, prox, advantages[idx, :width], sub.loss_mask, cfg,
                                       behave_logp=sub.behave_logp, num_tokens=n_tokens, num_seqs=n_seqs,
                                       entropy=entropy)
             mismatch = {k: v for k, v in stats.items() if k in MISMATCH_STATS}

@@ -64,3 +64,12 @@ def test_bench_rewards_awaits_a_batch_s_slow_reward_calls_together():
     (one, many) = [(int(r[0]), int(r[1]), float(r[2])) for r in rows]
     assert one[:2] == (1, 8) and many[:2] == (8, 8)
     assert one[2] >= 0.8 and many[2] < one[2] / 2
+
+
+def test_bench_prox_times_every_method_of_the_same_run():
+    """Four iterations of the tiny model per method: a table row per method, recompute's ratio 1.00x."""
+    out = run_script("bench_prox.py", "--iterations", "4", "--warmup", "1")
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if re.match(r"\| (recompute|loglinear|linear) \|", line)]
+    assert [r[0].strip() for r in rows] == ["recompute", "loglinear", "linear"]
+    assert rows[0][2].strip() == "1.00x" and all(float(r[1]) > 0 for r in rows)
+

@@ -62,3 +62,19 @@ def test_the_newer_presets_take_a_rejection_mask_under_asynchronous_rollouts(cli
     assert iterations_done(cli_here.cwd) == 2
     config = (run_dir(cli_here.cwd) / "config.yaml").read_text()
     assert "use_decoupled_loss: true" in config and "max_head_offpolicyness: 1" in config
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, passes", [("recompute", 2), ("loglinear", 0), ("linear", 0)])
+def test_an_approximated_proximal_policy_skips_the_recomputing_pass(cli_here, monkeypatch, method, passes):
+    """algo=icepop under asynchronous rollouts: 'recompute' makes one forward pass without gradients per
+    iteration before the update, the approximations none."""
+    import lit_ppo.training.module as module
+
+    calls = []
+    stitched = module.stitched_passes
+    monkeypatch.setattr(module, "stitched_passes", lambda *a, **k: calls.append(1) or stitched(*a, **k))
+    result = cli_here("fit", "algo=icepop", f"actor.prox_logp_method={method}", "rollout.max_head_offpolicyness=1",
+                      *FAST)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert iterations_done(cli_here.cwd) == 2 and len(calls) == passes
