@@ -86,7 +86,8 @@ class LitPPOCLI(LightningCLI):
         if trainer_config.get("enable_progress_bar") is False:
             # The presets' progress callback yields to the switch (Lightning refuses the two together).
             callbacks = kwargs["callbacks"] = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
-        if self.subcommand in EVALUATING:  # nothing trains, so nothing is checkpointed
+        if self.subcommand in EVALUATING or trainer_config.get("enable_checkpointing") is False:
+            # Nothing trains, so nothing is checkpointed; or the presets' checkpoint callback yields to the switch.
             kwargs["callbacks"] = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
         trainer = super().instantiate_trainer(**kwargs)
         if self.subcommand in EVALUATING:

@@ -40,3 +40,11 @@ def test_keep_0_leaves_last_ckpt_alone(cli_here):
     result = cli_here("fit", *TINY, "checkpoint.keep=0", "trainer.max_steps=3")
     assert result.returncode == 0, result.stderr[-3000:]
     assert kept(run_dir(cli_here.cwd)) == {"last.ckpt": 3}
+
+
+def test_checkpointing_switched_off_writes_no_checkpoint_and_still_exports_the_model(cli_here):
+    result = cli_here("fit", *TINY, "trainer.enable_checkpointing=false", "trainer.max_steps=3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    directory = run_dir(cli_here.cwd)
+    assert not list(directory.rglob("*.ckpt"))
+    assert (directory / "model" / "model.safetensors").is_file()
