@@ -2,7 +2,7 @@
 docs/algorithms.md#advantage-pipeline:
 
 overlong penalty -> bias / scale / clip -> reward_norm -> KL reward -> outcome on the last generated
-token -> GAE (static or dynamic lambda, token or turn unit) -> adv_norm.
+token -> GAE (static or dynamic lambda, token or turn unit) -> adv_norm -> GPG's alpha.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from lit_ppo.algos.gae import ADVANTAGE_ESTIMATORS, validate_turn_ids
 from lit_ppo.algos.kl import kl_reward
 from lit_ppo.algos.lambda_fn import GaeLambdaContext, resolve_gae_lambda
-from lit_ppo.algos.normalize import normalize, normalize_then_sum
+from lit_ppo.algos.normalize import gpg_alpha, normalize, normalize_then_sum
 from lit_ppo.algos.rewards import overlong_penalty, shape_rewards
 
 if TYPE_CHECKING:
@@ -106,4 +106,6 @@ def compute_advantages(rewards: torch.Tensor, mask: torch.Tensor, cfg: PPOActorC
     advantages, returns = estimator(token_rewards, values, mask, gamma=cfg.discount, lam=lam, bootstrap=bootstrap,
                                     turn_ids=turn_ids, unit=cfg.gae_timestep_unit, kl_rewards=kl)
     advantages = normalize(advantages, cfg.adv_norm, mask=mask, group_sizes=group_sizes)
+    if cfg.gpg_alpha:
+        advantages = advantages * gpg_alpha(R, group_sizes, cfg.reward_norm.group_size if cfg.reward_norm else 1)
     return Advantages(advantages=advantages, returns=returns, kl_rewards=kl, outcome_rewards=R)

@@ -66,6 +66,14 @@ def cispo_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, cfg: PPOActor
     return -clipped_ratio * advantages * ratio.log(), {"clip_fraction": left_band, "dual_clip_fraction": no_dual}
 
 
+@register_policy_loss("gpg")
+def gpg_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, cfg: PPOActorConfig):
+    """GPG: L = -A log r, the plain policy gradient -A grad log pi_theta with no ratio weight and no clip (the
+    paper writes -A log pi_theta: the same gradient, a value lower by the constant A log pi_old)."""
+    no_clip = torch.zeros_like(ratio, dtype=torch.bool)
+    return -advantages * ratio.log(), {"clip_fraction": no_clip, "dual_clip_fraction": no_clip}
+
+
 @register_policy_loss("gmpo")
 @register_policy_loss("unclipped")
 def unclipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, cfg: PPOActorConfig):

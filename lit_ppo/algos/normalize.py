@@ -105,3 +105,19 @@ def normalize_then_sum(terms: torch.Tensor, weights: torch.Tensor, cfg: NormConf
     weighted = sum(w * column for w, column in zip(weights.double().tolist(), columns))
     batch = replace(cfg or NormConfig(), mean_level="batch", mean_leave1out=False, std_level="batch")
     return normalize(weighted, batch)
+
+
+def gpg_alpha(rewards: torch.Tensor, group_sizes: Sequence[int] | torch.Tensor | None,
+              group_size: int = 1) -> float:
+    """GPG's correction alpha = B / (B - M) of the rows ``[B]`` with rewards ``rewards``: M of them lie in groups
+    whose rewards are all equal (they carry no advantage), both counted over all ranks; 1.0 when every
+    group is such a group (no row has an advantage to scale)."""
+    gid, n_groups = _group_ids(rewards.shape[0], NormConfig(group_size=group_size), group_sizes, rewards.device)
+    r = rewards.to(torch.float64)
+    high = torch.full((n_groups,), -torch.inf, dtype=torch.float64, device=r.device).scatter_reduce(0, gid, r, "amax")
+    low = torch.full((n_groups,), torch.inf, dtype=torch.float64, device=r.device).scatter_reduce(0, gid, r, "amin")
+    uniform_rows = (high == low)[gid].sum()
+    counts = sum_over_ranks(torch.stack([torch.tensor(float(r.shape[0]), dtype=torch.float64, device=r.device),
+                                         uniform_rows.to(torch.float64)]))
+    informative = float(counts[0] - counts[1])
+    return float(counts[0]) / informative if informative > 0 else 1.0

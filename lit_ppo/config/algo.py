@@ -207,6 +207,9 @@ class PPOActorConfig:
     """GAE time step: 'token', or 'turn' (one step per assistant turn; needs turn_ids)."""
     adv_norm: NormConfig | None = None
     """Normalisation of the token advantages [B, T] over generated tokens, or None."""
+    gpg_alpha: bool = False
+    """Scale the advantages by GPG's alpha = B / (B - M), M the rows (of B, all ranks) in prompt groups whose
+    rewards are all equal, so that the groups without signal do not dilute the gradient (GPG, arXiv:2504.02546)."""
     kl_ctl: float = 0.1
     """KL penalty coefficient beta in the reward; > 0 builds a frozen reference model."""
     kl_estimator: str = "k1"
@@ -244,8 +247,8 @@ class PPOActorConfig:
     """Logit temperature of the trainer's log-probs; must equal the sampling temperature, which it follows
     on the command line unless both are set."""
     policy_loss: str = "ppo"
-    """Registered per-token surrogate: 'ppo' (clip), 'sapo', 'cispo', 'gmpo' or 'unclipped'; new ones via
-    register_policy_loss."""
+    """Registered per-token surrogate: 'ppo' (clip), 'sapo', 'cispo', 'gmpo', 'gpg' or 'unclipped'; new ones
+    via register_policy_loss."""
     adv_estimator: str = "gae"
     """Registered advantage estimator; new ones via register_advantage_estimator."""
     loss_agg_mode: str = "token-mean"

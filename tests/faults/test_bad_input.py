@@ -27,7 +27,7 @@ def error_of(capsys, *args: str) -> str:
 
 
 @pytest.mark.parametrize("args,expected", [
-    (["algo=nope"], "algo=nope is invalid: must be one of cispo, dapo, dapo_dynamic_bs, dppo, drgrpo, gdpo, gmpo, grpo, gspo, icepop"),
+    (["algo=nope"], "algo=nope is invalid: must be one of cispo, dapo, dapo_dynamic_bs, dppo, drgrpo, gdpo, gmpo, gpg, grpo, gspo"),
     (["actor.eps_clp=0.3"], "actor.eps_clp is not a key (did you mean actor.eps_clip?)"),
     (["+actor.eps_clp=0.3"], "actor.eps_clp is not a key (did you mean actor.eps_clip?)"),
     (["actor.eps_clip=abc"], "actor.eps_clip='abc' is invalid: must be a number"),

@@ -836,3 +836,15 @@ def test_m2po_keeps_the_smallest_token_when_no_suffix_is_below_the_threshold():
 def test_m2po_needs_the_decoupled_loss():
     with pytest.raises(ValueError, match=r"^m2_threshold=0.04 is invalid: must be null without use_decoupled_loss"):
         PPOActorConfig(m2_threshold=0.04)
+
+
+# ====================================================================== GPG
+
+
+def test_gpg_is_the_plain_policy_gradient_at_any_ratio():
+    # L = -sum A log r / N; dL/dlogp = -A / N whatever r (no ratio weight, no clip).
+    ell, adv = [1.5, -2.0, 0.1], [1.0, -0.5, 2.0]
+    loss, stats, grad = _run([ell], [adv], cfg=PPOActorConfig(policy_loss="gpg"))
+    _close(loss, -sum(a * x for a, x in zip(adv, ell)) / 3)
+    _close(grad, [[-a / 3 for a in adv]])
+    assert _stat(stats, "clip_fraction") == 0.0

@@ -363,3 +363,15 @@ def test_gmpo_and_m2po_presets():
     for cfg in (gmpo, m2po):
         assert_rows(advantages_of(cfg), token_batch_zscore(group_zscore()))
 
+
+
+def test_gpg_group_mean_residual_scaled_by_the_share_of_rows_with_signal():
+    # Rewards [1, 1, 1 | 1, 0, 0]: the first group is uniform (M = 3 of B = 6), alpha = 6 / 3 = 2;
+    # A_i = 2 (r_i - mean_g): [0, 0, 0 | 4/3, -2/3, -2/3], broadcast to the row's tokens, no batch z-score.
+    cfg = actor_of("gpg")
+    assert (cfg.policy_loss, cfg.gpg_alpha, cfg.adv_norm) == ("gpg", True, None)
+    mask = batch_mask()
+    adv = compute_advantages(torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0]), mask, cfg, group_sizes=[3, 3]).advantages
+    assert_rows(adv, [0.0, 0.0, 0.0, 4 / 3, -2 / 3, -2 / 3])
+    # The shared batch has no uniform group: alpha = 1, the group-mean residuals as they are.
+    assert_rows(advantages_of(cfg), [1 - 2 / 3, -2 / 3, 1 - 2 / 3, -1 / 3, -1 / 3, 1 - 1 / 3])
