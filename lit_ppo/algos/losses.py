@@ -16,7 +16,7 @@ from lit_ppo.algos.rejection import bernoulli_kl, rejection_sampling
 from lit_ppo.utils.registry import Registry
 
 if TYPE_CHECKING:
-    from lit_ppo.config import PPOActorConfig, TrustRegionMaskConfig
+    from lit_ppo.config import ClipCovConfig, KLCovConfig, PPOActorConfig, TrustRegionMaskConfig
 
 SurrogateFn = Callable[[torch.Tensor, torch.Tensor, "PPOActorConfig"],
                        tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -133,6 +133,32 @@ def trust_region_keep(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
     return ~(((advantages > 0) & past_high) | ((advantages < 0) & past_low))
 
 
+def token_covariance(advantages: torch.Tensor, logp: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Cov_t = (A_t - mean A) (log pi_theta_t - mean log pi_theta), the means over the valid tokens (detached)."""
+    a, lp = advantages.detach().float(), logp.detach().float()
+    return (a - _masked_mean(a, valid)) * (lp - _masked_mean(lp, valid)) * valid
+
+
+def clip_cov_dropped(cov: torch.Tensor, candidates: torch.Tensor, n_valid: int, cfg: ClipCovConfig) -> torch.Tensor:
+    """Clip-Cov: max(floor(ratio * n_valid), 1) tokens drawn at random among ``candidates`` whose covariance
+    lies strictly between low and high."""
+    pool = (candidates & (cov > cfg.low) & (cov < cfg.high)).flatten().nonzero().squeeze(1)
+    count = min(max(int(cfg.ratio * n_valid), 1), pool.numel())
+    dropped = torch.zeros(cov.numel(), dtype=torch.bool, device=cov.device)
+    dropped[pool[torch.randperm(pool.numel(), device=cov.device)[:count]]] = True
+    return dropped.view_as(cov)
+
+
+def kl_cov_chosen(cov: torch.Tensor, valid: torch.Tensor, cfg: KLCovConfig) -> torch.Tensor:
+    """KL-Cov: the max(floor(ratio * n_valid), 1) valid tokens of largest covariance."""
+    n_valid = int(valid.sum())
+    chosen = torch.zeros(cov.numel(), dtype=torch.bool, device=cov.device)
+    if n_valid:
+        ranked = torch.where(valid, cov, -torch.inf).flatten()
+        chosen[ranked.topk(max(int(cfg.ratio * n_valid), 1)).indices] = True
+    return chosen.view_as(cov)
+
+
 def high_entropy_keep(entropy: torch.Tensor, valid: torch.Tensor, fraction: float) -> torch.Tensor:
     """True for the tokens whose entropy reaches the (1 - fraction) quantile of the valid tokens' entropies
     (linear interpolation, as torch.quantile and TRL)."""
@@ -173,8 +199,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     ``cfg.rejection_sampling``. With ``importance_sampling_level='sequence'`` (GSPO) r and A are
     replaced by the sequence's s_i = exp(mean_t log r_t) and mean advantage; the gradient flows
     through s_i. Token-mean loss = sum_t L_t / N with N = ``num_tokens`` or the mask count, counted
-    before rejection (rejected tokens leave the numerator only). The trust-region mask and the entropy
-    quantile (``cfg.trust_region_mask``, ``cfg.top_entropy_quantile``) narrow the numerator the same way.
+    before rejection (rejected tokens leave the numerator only). The M2PO, trust-region and entropy masks
+    narrow the numerator the same way; Clip-Cov zeroes the loss of a few tokens after the surrogate and
+    KL-Cov adds its penalty to a few.
     """
     if not (logp.shape == old_logp.shape == advantages.shape == mask.shape) or logp.dim() != 2:
         raise ValueError(f"logp, old_logp, advantages and mask must share one [B, T] shape, got "
@@ -222,6 +249,17 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     else:
         ratio = log_ratio.exp()
     per_token, per_token_stats = POLICY_LOSSES.get(cfg.policy_loss)(ratio, advantages, cfg)
+    if cfg.clip_cov is not None or cfg.kl_cov is not None:
+        cov = token_covariance(advantages, logp, valid)
+        if cfg.clip_cov is not None:
+            candidates = loss_mask & ~per_token_stats["clip_fraction"].bool()  # not clipped by the surrogate
+            dropped = clip_cov_dropped(cov, candidates, int(valid.sum()), cfg.clip_cov)
+            per_token = torch.where(dropped, 0.0, per_token)
+            stats["clip_cov_fraction"] = _masked_mean(dropped, valid)
+        if cfg.kl_cov is not None:
+            chosen = kl_cov_chosen(cov, loss_mask, cfg.kl_cov)
+            per_token = per_token + cfg.kl_cov.coef * log_ratio.abs() * chosen
+            stats["kl_cov_fraction"] = _masked_mean(chosen, valid)
     if weight is not None:
         per_token = per_token * weight
     loss = aggregate(per_token, m, cfg.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,

@@ -161,6 +161,43 @@ class TrustRegionMaskConfig:
 
 
 @dataclass
+class ClipCovConfig:
+    """Clip-Cov: a random few of the tokens of highest covariance between advantage and log-prob lose their
+    gradient (docs/algorithms.md#clip-cov-and-kl-cov)."""
+
+    ratio: float = 2e-4
+    """Share of the micro-batch's generated tokens that lose it (at least one)."""
+    low: float = 1.0
+    """Tokens whose covariance lies strictly between low and high are the candidates."""
+    high: float = 5.0
+    """Upper bound of the candidates' covariance."""
+
+    def __post_init__(self):
+        check_fields(self, "clip_cov")
+        check_number("clip_cov.ratio", self.ratio, low=0.0, low_open=True, high=1.0)
+        check_number("clip_cov.low", self.low)
+        check_number("clip_cov.high", self.high)
+        if self.low >= self.high:
+            fail("clip_cov.low", self.low, f"< high ({self.high})")
+
+
+@dataclass
+class KLCovConfig:
+    """KL-Cov: the tokens of highest covariance between advantage and log-prob get a penalty on how far their
+    log-prob moved (docs/algorithms.md#clip-cov-and-kl-cov)."""
+
+    ratio: float = 2e-3
+    """Share of the micro-batch's generated tokens penalised (at least one)."""
+    coef: float = 1.0
+    """The penalty coef * |log pi_theta - log pi_old| on each of them."""
+
+    def __post_init__(self):
+        check_fields(self, "kl_cov")
+        check_number("kl_cov.ratio", self.ratio, low=0.0, low_open=True, high=1.0)
+        check_number("kl_cov.coef", self.coef, low=0.0, low_open=True)
+
+
+@dataclass
 class PPOActorConfig:
     """Actor (policy) settings: rewards, advantages, the policy loss and its optimisation."""
 
@@ -235,6 +272,10 @@ class PPOActorConfig:
     until the mean of the rest is below this (0.04 in the paper); None: no M2PO mask."""
     trust_region_mask: TrustRegionMaskConfig | None = None
     """DPPO's binary-TV / binary-KL trust-region mask on the policy loss, or None."""
+    clip_cov: ClipCovConfig | None = None
+    """Clip-Cov's token selection on top of the policy loss (arXiv:2505.22617), or None."""
+    kl_cov: KLCovConfig | None = None
+    """KL-Cov's penalty on top of the policy loss (arXiv:2505.22617), or None."""
     top_entropy_quantile: float = 1.0
     """Only the tokens whose entropy is in this top fraction of the micro-batch's generated tokens keep their
     loss (0.2 in "Beyond the 80/20 Rule", arXiv:2506.01939; TRL's key); the others still count in the
@@ -269,6 +310,8 @@ class PPOActorConfig:
         self.rejection_sampling = as_config(RejectionSamplingConfig, "rejection_sampling",
                                              self.rejection_sampling)
         self.trust_region_mask = as_config(TrustRegionMaskConfig, "trust_region_mask", self.trust_region_mask)
+        self.clip_cov = as_config(ClipCovConfig, "clip_cov", self.clip_cov)
+        self.kl_cov = as_config(KLCovConfig, "kl_cov", self.kl_cov)
         check_fields(self)
         check_positive_int("ppo_n_minibatches", self.ppo_n_minibatches)
         check_number("eps_clip", self.eps_clip, low=0.0)

@@ -27,7 +27,7 @@ def error_of(capsys, *args: str) -> str:
 
 
 @pytest.mark.parametrize("args,expected", [
-    (["algo=nope"], "algo=nope is invalid: must be one of cispo, dapo, dapo_dynamic_bs, dppo, drgrpo, gdpo, gmpo, gpg, grpo, gspo"),
+    (["algo=nope"], "algo=nope is invalid: must be one of cispo, clip_cov, dapo, dapo_dynamic_bs, dppo, drgrpo, gdpo, gmpo, gpg"),
     (["actor.eps_clp=0.3"], "actor.eps_clp is not a key (did you mean actor.eps_clip?)"),
     (["+actor.eps_clp=0.3"], "actor.eps_clp is not a key (did you mean actor.eps_clip?)"),
     (["actor.eps_clip=abc"], "actor.eps_clip='abc' is invalid: must be a number"),
@@ -49,7 +49,7 @@ def error_of(capsys, *args: str) -> str:
     (["+data.bach_size=3"], "data.bach_size is not a key (did you mean data.batch_size?)"),
     (["trainer.max_stpes=3"], "did you mean trainer.max_steps"),
     # Case ignored, and a key without its section finds the keys that end in it.
-    (["algo=GRPO"], "algo=GRPO is invalid (did you mean algo=grpo?): must be one of cispo, dapo, "),
+    (["algo=GRPO"], "algo=GRPO is invalid (did you mean algo=grpo?): must be one of cispo, clip_cov, dapo, "),
     (["model=SmolLM2"], "model=SmolLM2 is invalid (did you mean model=smollm2?): must be one of smollm2, tiny or a "),
     (["actor.EPS_clip=0.3"], "actor.EPS_clip is not a key (did you mean actor.eps_clip?)"),
     (["lr=1e-5"], "lr is not a key (did you mean actor.optimizer.lr or critic.optimizer.lr?)"),

@@ -55,6 +55,7 @@ def test_ppo_with_kl_reference_and_rejection_group(cli_here):
     ("reinforce_plus_plus_baseline", ["rejection=geo_mask"]),
     ("m2po", ["rejection=icepop"]),
     ("gmpo", ["rejection=kpop"]),
+    ("kl_cov", ["rejection=icepop"]),
 ])
 def test_the_newer_presets_take_a_rejection_mask_under_asynchronous_rollouts(cli_here, preset, extra):
     result = cli_here("fit", f"algo={preset}", *extra, "rollout.max_head_offpolicyness=1", *FAST)

@@ -848,3 +848,49 @@ def test_gpg_is_the_plain_policy_gradient_at_any_ratio():
     _close(loss, -sum(a * x for a, x in zip(adv, ell)) / 3)
     _close(grad, [[-a / 3 for a in adv]])
     assert _stat(stats, "clip_fraction") == 0.0
+
+
+# ====================================================================== Clip-Cov and KL-Cov
+
+# A = [1, 1, -1, -1], log pi_theta = [-.1, -2, -.2, -3] (old 0): means 0 and -1.325, so
+# Cov = [1.225, -.675, -1.125, 1.675]. Only tokens 0 and 3 lie in (1, 5); token 3 (r = e^-3, A < 0) is clipped.
+COV_LOGP, COV_ADV = [-0.1, -2.0, -0.2, -3.0], [1.0, 1.0, -1.0, -1.0]
+
+
+def test_covariance_of_advantage_and_log_prob():
+    from lit_ppo.algos.losses import token_covariance
+
+    cov = token_covariance(_t([COV_ADV]), _t([COV_LOGP]), _t([[True] * 4], torch.bool))
+    _close(cov, [[1.225, -0.675, -1.125, 1.675]])
+
+
+def test_clip_cov_drops_the_gradient_of_unclipped_tokens_of_high_covariance():
+    # One token of four (floor(0.0002 * 4) -> at least 1) among the candidates: token 0 alone (3 is clipped).
+    # PPO clip 0.2: L = [0 (dropped), -e^-2, e^-.2, -(-1) * 0.8] / 4; grads [0, -e^-2, e^-.2, 0] / 4.
+    r = [math.exp(x) for x in COV_LOGP]
+    loss, stats, grad = _run([COV_LOGP], [COV_ADV], cfg=PPOActorConfig(clip_cov={}))
+    _close(loss, (-r[1] + r[2] + 0.8) / 4)
+    _close(grad, [[0.0, -r[1] / 4, r[2] / 4, 0.0]])
+    assert _stat(stats, "clip_cov_fraction") == pytest.approx(0.25)
+    # Without a candidate nothing is dropped.
+    loss, stats, _ = _run([COV_LOGP], [COV_ADV], cfg=PPOActorConfig(clip_cov={"low": 2.0, "high": 5.0}))
+    _close(loss, (-r[0] - r[1] + r[2] + 0.8) / 4)
+    assert _stat(stats, "clip_cov_fraction") == 0.0
+
+
+def test_kl_cov_penalises_how_far_the_tokens_of_highest_covariance_moved():
+    # Unclipped -A r; the top floor(0.5 * 4) = 2 by covariance (tokens 3 and 0) add 1 * |log r|.
+    r = [math.exp(x) for x in COV_LOGP]
+    cfg = PPOActorConfig(policy_loss="unclipped", kl_cov={"ratio": 0.5, "coef": 1.0})
+    loss, stats, grad = _run([COV_LOGP], [COV_ADV], cfg=cfg)
+    chosen = [True, False, False, True]
+    _close(loss, sum(-a * x + (abs(lp) if c else 0.0) for a, x, lp, c in zip(COV_ADV, r, COV_LOGP, chosen)) / 4)
+    _close(grad, [[(-a * x - (1.0 if c else 0.0)) / 4 for a, x, c in zip(COV_ADV, r, chosen)]])
+    assert _stat(stats, "kl_cov_fraction") == pytest.approx(0.5)
+
+
+def test_cov_settings_are_checked():
+    with pytest.raises(ValueError, match=r"^clip_cov.low=5.0 is invalid: must be < high \(5.0\)$"):
+        PPOActorConfig(clip_cov={"low": 5.0})
+    with pytest.raises(ValueError, match=r"^kl_cov.coef=0 is invalid"):
+        PPOActorConfig(kl_cov={"coef": 0})

@@ -375,3 +375,13 @@ def test_gpg_group_mean_residual_scaled_by_the_share_of_rows_with_signal():
     assert_rows(adv, [0.0, 0.0, 0.0, 4 / 3, -2 / 3, -2 / 3])
     # The shared batch has no uniform group: alpha = 1, the group-mean residuals as they are.
     assert_rows(advantages_of(cfg), [1 - 2 / 3, -2 / 3, 1 - 2 / 3, -1 / 3, -1 / 3, 1 - 1 / 3])
+
+
+def test_clip_cov_and_kl_cov_presets():
+    clip_cov, kl_cov = actor_of("clip_cov"), actor_of("kl_cov")
+    assert (clip_cov.policy_loss, clip_cov.clip_cov.ratio, clip_cov.clip_cov.low, clip_cov.clip_cov.high) == (
+        "ppo", 0.0002, 1.0, 5.0)
+    assert (kl_cov.policy_loss, kl_cov.kl_cov.ratio, kl_cov.kl_cov.coef) == ("unclipped", 0.002, 1.0)
+    for cfg in (clip_cov, kl_cov):
+        assert_rows(advantages_of(cfg), token_batch_zscore(group_zscore()))
+
