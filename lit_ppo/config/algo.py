@@ -359,10 +359,11 @@ class PPOActorConfig:
             if self.eps_clip_higher is None or self.eps_clip_higher <= 0:
                 fail("eps_clip_higher", self.eps_clip_higher, "> 0 with policy_loss='cispo' (the upper bound "
                                                               "1 + eps_clip_higher of the importance weight)")
-            if self.importance_sampling_level != "token":
-                fail("importance_sampling_level", self.importance_sampling_level, "'token' with policy_loss='cispo'")
             if self.c_clip is not None:
                 fail("c_clip", self.c_clip, "null with policy_loss='cispo' (it clips no loss)")
+        if self.policy_loss in ("cispo", "gpg") and self.importance_sampling_level != "token":
+            fail("importance_sampling_level", self.importance_sampling_level,
+                 f"'token' with policy_loss={self.policy_loss!r} (its loss is on each token's log-prob)")
 
         if self.policy_loss == "gmpo" and self.importance_sampling_level != "sequence":
             fail("importance_sampling_level", self.importance_sampling_level,

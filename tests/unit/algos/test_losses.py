@@ -894,3 +894,9 @@ def test_cov_settings_are_checked():
         PPOActorConfig(clip_cov={"low": 5.0})
     with pytest.raises(ValueError, match=r"^kl_cov.coef=0 is invalid"):
         PPOActorConfig(kl_cov={"coef": 0})
+
+
+def test_gpg_refuses_the_sequence_level():
+    with pytest.raises(ValueError, match=r"^importance_sampling_level='sequence' is invalid: must be 'token' with "
+                                         r"policy_loss='gpg'"):
+        PPOActorConfig(policy_loss="gpg", importance_sampling_level="sequence")
