@@ -50,6 +50,12 @@ class ModelConfig:
     LM head), a list of module names (e.g. [q_proj, v_proj]) or a regex matched against full module
     names. Only linear layers are supported."""
 
+    teacher: str | None = None
+    """On-policy distillation (algo=opd): a local causal LM directory (or the hub id of one in the local
+    Hugging Face cache) with the policy's tokenizer. It takes the reference model's place, so that
+    actor.kl_ctl times each sampled token's log pi_theta - log pi_teacher enters the reward; None: the
+    reference is the initial policy."""
+
     def __post_init__(self):
         if isinstance(self.cache_dir, os.PathLike):  # a pathlib.Path from Python code is a path too
             self.cache_dir = os.fspath(self.cache_dir)
@@ -70,6 +76,8 @@ class ModelConfig:
         if (isinstance(self.lora_dropout, bool) or not isinstance(self.lora_dropout, (int, float))
                 or not 0 <= self.lora_dropout < 1):
             raise ValueError(f"model.lora_dropout={self.lora_dropout!r} is invalid: must be a number in [0, 1)")
+        if self.teacher is not None and (not isinstance(self.teacher, str) or not self.teacher.strip()):
+            raise ValueError(f"model.teacher={self.teacher!r} is invalid: must be a local model directory or null")
         targets = self.lora_target_modules
         if not (isinstance(targets, str) and targets.strip()) and not (
                 isinstance(targets, (list, tuple)) and targets and all(isinstance(t, str) and t for t in targets)):

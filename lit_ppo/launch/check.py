@@ -23,7 +23,7 @@ from lit_ppo.config import check_value, type_hints, typed_key
 from lit_ppo.config.keys import foreign_key_hint
 from lit_ppo.config.sections import actor_rollout_problem, check_sections
 from lit_ppo.errors import ConfigError
-from lit_ppo.models import MODEL_SOURCES, model_dir_problem
+from lit_ppo.models import MODEL_SOURCES, model_dir_problem, teacher_problem
 from lit_ppo.rollout.workflows import task_name
 from lit_ppo.run.tracking import RANK_ENV, run_name
 from lit_ppo.training.datamodule import RolloutDataModule
@@ -68,6 +68,13 @@ def check_config(tree: dict, subcommand: str = "fit") -> None:
         problem = model_dir_problem(model_cfg.source)
         if problem is not None:
             raise ConfigError(f"model.source={model_cfg.source} {problem}")
+    if model_cfg.teacher is not None:
+        if not actor.kl_ctl > 0:
+            raise ConfigError(f"model.teacher={model_cfg.teacher} needs actor.kl_ctl > 0: the teacher's log-probs "
+                              f"enter through the KL reward (algo=opd sets it)")
+        problem = teacher_problem(model_cfg.teacher, model_cfg.source, model_cfg.cache_dir)
+        if problem is not None:
+            raise ConfigError(f"model.teacher={model_cfg.teacher} {problem}")
     data = dict(tree.get("data") or {})
     allowed = list(inspect.signature(RolloutDataModule.__init__).parameters)[1:]
     for name in data:

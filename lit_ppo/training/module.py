@@ -31,8 +31,8 @@ from lit_ppo.callbacks.graceful_stop import GracefulStop
 from lit_ppo.callbacks.weight_sync import WeightSync
 from lit_ppo.config import ModelConfig, PPOActorConfig, PPOCriticConfig, RolloutConfig
 from lit_ppo.errors import RunStopped
-from lit_ppo.models import (build_critic, build_reference, load_causal_lm, model_from_weights, token_logprobs,
-                            torch_dtype, use_chat_template)
+from lit_ppo.models import (build_critic, build_reference, load_causal_lm, load_teacher, model_from_weights,
+                            token_logprobs, torch_dtype, use_chat_template)
 from lit_ppo.models.lora import adapters_disabled, add_lora, lora_config, merged_weights, trainable_parameters
 from lit_ppo.models.sampling import allowed_mask
 from lit_ppo.rollout.batch import RolloutBatch
@@ -94,8 +94,13 @@ class LitPPO(L.LightningModule):
                 add_lora(self.critic.body, lora_cfg)
         # kl_ctl > 0 always gets a reference (AReaL silently used log pi_ref = 0 without one); under
         # LoRA it is the policy with its adapters disabled (_reference_logprobs), not a copy.
+        # A teacher (model.teacher) takes the reference's place: the KL reward then distils it (algo=opd).
         with_ref = self.actor_cfg.kl_ctl > 0 and not self.model_cfg.lora_rank
-        self.ref = build_reference(self.policy) if with_ref else None
+        if self.model_cfg.teacher is not None:
+            self.ref = load_teacher(self.model_cfg.teacher, self.tokenizer, torch_dtype(self.model_cfg.dtype),
+                                    self.model_cfg.cache_dir)
+        else:
+            self.ref = build_reference(self.policy) if with_ref else None
         self.version = 0
         """Policy version: the number of completed updates; the engine samples with this version."""
         self.sampling: SamplingParams | None = None

@@ -88,9 +88,22 @@ def test_every_algo_preset_composes_into_a_valid_actor():
     assert set(presets) >= {"ppo", "grpo", "drgrpo", "liteppo", "rloo", "gspo", "dapo", "dapo_dynamic_bs", "sapo",
                             "icepop", "kpop"}
     for preset in presets:
-        tree = compose([f"algo={preset}", "logger=none"])
+        needs = ["model.teacher=some-teacher"] if preset == "opd" else []  # opd has no default teacher
+        tree = compose([f"algo={preset}", "logger=none", *needs])
         assert tree["model"]["algo"] == preset
         PPOActorConfig(**tree["model"]["actor"])
+
+
+def test_opd_distils_the_teacher_token_by_token():
+    # kl_ctl 1, k1, discount 0, reward scaled to 0, no normalisation: A_t = -(old_logp_t - teacher_logp_t) on
+    # each generated token (the reference slot holds the teacher), whatever the task's reward.
+    tree = compose(["algo=opd", "logger=none", "model.teacher=some-teacher"])
+    assert tree["model"]["model"]["teacher"] == "some-teacher"
+    cfg = PPOActorConfig(**tree["model"]["actor"])
+    old, teacher, deltas = kl_batch()
+    adv = advantages_of(cfg, old_logp=old, ref_logp=teacher)
+    for b, row in enumerate(deltas):
+        torch.testing.assert_close(adv[b, 2:2 + LENGTHS[b]], -torch.tensor(row), atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("preset", ["grpo", "gspo", "sapo", "icepop", "kpop"])
