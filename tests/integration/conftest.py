@@ -99,3 +99,17 @@ def demo_run(tmp_path_factory):
     result = run_cli(["fit", "algo=grpo"], cwd, timeout=900, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return SimpleNamespace(cwd=cwd, dir=run_dir(cwd), env=env, stdout=result.stdout, stderr=result.stderr)
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory) -> str:
+    """A tiny model of another seed, with the tiny policy's tokenizer, saved as a directory: a teacher for
+    algo=opd (model.teacher)."""
+    from lit_ppo.models import TinyModelConfig, build_tiny
+
+    path = tmp_path_factory.mktemp("teacher")
+    model, tokenizer = build_tiny(TinyModelConfig(seed=1), path / "cache")
+    model.save_pretrained(path / "model")
+    tokenizer.save_pretrained(path / "model")
+    return str(path / "model")
+

@@ -21,18 +21,6 @@ def iterations_done(cwd) -> int:
     return torch.load(last, map_location="cpu", weights_only=True)["global_step"]
 
 
-@pytest.fixture(scope="module")
-def teacher(tmp_path_factory) -> str:
-    """A tiny model of another seed, with the tiny policy's tokenizer: algo=opd's teacher."""
-    from lit_ppo.models import TinyModelConfig, build_tiny
-
-    path = tmp_path_factory.mktemp("teacher")
-    model, tokenizer = build_tiny(TinyModelConfig(seed=1), path / "cache")
-    model.save_pretrained(path / "model")
-    tokenizer.save_pretrained(path / "model")
-    return str(path / "model")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_fits_two_iterations(cli, cli_here, preset, request, capfd):

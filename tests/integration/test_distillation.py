@@ -11,17 +11,6 @@ from tests.integration.conftest import FAST
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def teacher(tmp_path_factory) -> str:
-    from lit_ppo.models import TinyModelConfig, build_tiny
-
-    path = tmp_path_factory.mktemp("teacher")
-    model, tokenizer = build_tiny(TinyModelConfig(seed=1), path / "cache")
-    model.save_pretrained(path / "model")
-    tokenizer.save_pretrained(path / "model")
-    return str(path / "model")
-
-
 def kl_to_teacher(store: str) -> list[float]:
     """Each iteration's mean estimated KL(student || teacher) per token: -actor/kl_reward (kl_ctl 1)."""
     from mlflow.tracking import MlflowClient
