@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from lit_ppo.algos.kl import kl_estimate
 from lit_ppo.algos.rejection import bernoulli_kl, rejection_sampling
 from lit_ppo.utils.registry import Registry
 
@@ -191,7 +192,8 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, *, num_tok
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 cfg: PPOActorConfig, *, behave_logp: torch.Tensor | None = None,
                 num_tokens: float | None = None, num_seqs: float | None = None,
-                entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                entropy: torch.Tensor | None = None,
+                ref_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The policy loss of one micro-batch, and detached statistics (0-d tensors).
 
     r_t = exp(log pi_theta - log pi_old); pi_old is the proximal policy when ``use_decoupled_loss``,
@@ -201,7 +203,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     through s_i. Token-mean loss = sum_t L_t / N with N = ``num_tokens`` or the mask count, counted
     before rejection (rejected tokens leave the numerator only). The M2PO, trust-region and entropy masks
     narrow the numerator the same way; Clip-Cov zeroes the loss of a few tokens after the surrogate and
-    KL-Cov adds its penalty to a few.
+    KL-Cov adds its penalty to a few. ``cfg.kl_loss_coef`` adds beta times the KL estimate to ``ref_logp``,
+    aggregated as the loss is.
     """
     if not (logp.shape == old_logp.shape == advantages.shape == mask.shape) or logp.dim() != 2:
         raise ValueError(f"logp, old_logp, advantages and mask must share one [B, T] shape, got "
@@ -265,6 +268,14 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     loss = aggregate(per_token, m, cfg.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
                      max_new_tokens=cfg.max_new_tokens, row_tokens=row_tokens)
 
+    if cfg.kl_loss_coef > 0:
+        if ref_logp is None:
+            raise ValueError("kl_loss_coef > 0 needs ref_logp (the reference model's log-probs)")
+        kl = torch.where(valid, kl_estimate(logp, ref_logp.detach(), cfg.kl_loss_estimator), 0.0)
+        kl_term = aggregate(kl, valid.float(), cfg.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+                            max_new_tokens=cfg.max_new_tokens, row_tokens=row_tokens)
+        loss = loss + cfg.kl_loss_coef * kl_term
+        stats["kl_loss"] = kl_term.detach()
     if entropy is not None:
         stats["entropy"] = _masked_mean(entropy.detach(), valid)
         if cfg.entropy_coef:

@@ -251,6 +251,11 @@ class PPOActorConfig:
     """KL penalty coefficient beta in the reward; > 0 builds a frozen reference model."""
     kl_estimator: str = "k1"
     """KL estimator of the reward penalty: 'k1', 'k2' or 'k3'."""
+    kl_loss_coef: float = 0.0
+    """beta of a KL term in the loss, beta * K(log pi_theta - log pi_ref) per token with its gradient (GRPO's
+    own form; TRL's beta, verl's kl_loss_coef); > 0 builds a frozen reference model (or uses model.teacher)."""
+    kl_loss_estimator: str = "k3"
+    """KL estimator of the loss term: 'k1', 'k2' or 'k3' (TRL's and verl's low_var_kl)."""
     use_sapo_loss: bool = False
     """SAPO soft-gated loss instead of the PPO clip (same as policy_loss='sapo')."""
     sapo_tau_pos: float = 1.0
@@ -323,6 +328,8 @@ class PPOActorConfig:
         check_number("discount", self.discount, low=0.0, high=1.0)
         check_number("kl_ctl", self.kl_ctl, low=0.0)
         check_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        check_number("kl_loss_coef", self.kl_loss_coef, low=0.0)
+        check_choice("kl_loss_estimator", self.kl_loss_estimator, KL_ESTIMATORS)
         check_choice("gae_timestep_unit", self.gae_timestep_unit, GAE_UNITS)
         check_choice("multi_objective_aggregation", self.multi_objective_aggregation, MULTI_OBJECTIVE_AGGREGATIONS)
         check_choice("importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)

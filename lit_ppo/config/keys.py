@@ -35,7 +35,7 @@ FOREIGN_KEYS: dict[str, tuple[str, str, str]] = {
     "gradient_accumulation_steps": ("TRL", "actor.mb_max_tokens", " (micro-batches by a token budget; the loss "
                                     "is normalised over the whole minibatch, so results do not depend on it)"),
     "steps_per_generation": ("TRL", "actor.ppo_n_minibatches", " (optimizer steps per generated batch)"),
-    "beta": ("TRL", "actor.kl_ctl", ""),
+    "beta": ("TRL", "actor.kl_loss_coef", " (TRL's KL term is in the loss, k3; actor.kl_ctl puts it in the reward)"),
     "epsilon": ("TRL", "actor.eps_clip", ""),
     "epsilon_high": ("TRL", "actor.eps_clip_higher", ""),
     "temperature": ("TRL", "gconfig.temperature", ""),

@@ -69,9 +69,10 @@ def check_config(tree: dict, subcommand: str = "fit") -> None:
         if problem is not None:
             raise ConfigError(f"model.source={model_cfg.source} {problem}")
     if model_cfg.teacher is not None:
-        if not actor.kl_ctl > 0:
-            raise ConfigError(f"model.teacher={model_cfg.teacher} needs actor.kl_ctl > 0: the teacher's log-probs "
-                              f"enter through the KL reward (algo=opd sets it)")
+        if not (actor.kl_ctl > 0 or actor.kl_loss_coef > 0):
+            raise ConfigError(f"model.teacher={model_cfg.teacher} needs actor.kl_ctl > 0 or actor.kl_loss_coef > 0: "
+                              f"the teacher's log-probs enter through the KL reward or the KL loss (algo=opd sets "
+                              f"the first)")
         problem = teacher_problem(model_cfg.teacher, model_cfg.source, model_cfg.cache_dir)
         if problem is not None:
             raise ConfigError(f"model.teacher={model_cfg.teacher} {problem}")

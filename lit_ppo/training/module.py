@@ -95,7 +95,7 @@ class LitPPO(L.LightningModule):
         # kl_ctl > 0 always gets a reference (AReaL silently used log pi_ref = 0 without one); under
         # LoRA it is the policy with its adapters disabled (_reference_logprobs), not a copy.
         # A teacher (model.teacher) takes the reference's place: the KL reward then distils it (algo=opd).
-        with_ref = self.actor_cfg.kl_ctl > 0 and not self.model_cfg.lora_rank
+        with_ref = (self.actor_cfg.kl_ctl > 0 or self.actor_cfg.kl_loss_coef > 0) and not self.model_cfg.lora_rank
         if self.model_cfg.teacher is not None:
             self.ref = load_teacher(self.model_cfg.teacher, self.tokenizer, torch_dtype(self.model_cfg.dtype),
                                     self.model_cfg.cache_dir)
@@ -242,7 +242,7 @@ class LitPPO(L.LightningModule):
         else:
             prox_logp = batch.behave_logp  # on-policy: the behaviour log-probs are the old log-probs
         ref_logp = None
-        if cfg.kl_ctl > 0:
+        if cfg.kl_ctl > 0 or cfg.kl_loss_coef > 0:
             (ref_logp,) = self._no_grad_pass(self._reference_logprobs, batch, cfg.mb_max_tokens)
         values = final_values = None
         if self.critic is not None:
@@ -259,7 +259,8 @@ class LitPPO(L.LightningModule):
 
         # ---- the algorithm, 3: the actor's update, then the critic's.
         sums = MetricSum()
-        skips = self._update_actor(batch, prox_logp, adv.advantages, sums, measure_mismatch=not needs_prox)
+        skips = self._update_actor(batch, prox_logp, adv.advantages, sums, measure_mismatch=not needs_prox,
+                                   ref_logp=ref_logp)
         if self.critic is not None:
             skips += self._update_critic(batch, values, adv.returns, sums)
 
@@ -306,10 +307,11 @@ class LitPPO(L.LightningModule):
                 torch.tensor([weight[name] for name in names], dtype=torch.float64))
 
     def _update_actor(self, batch: RolloutBatch, old_logp: torch.Tensor, advantages: torch.Tensor,
-                      sums: MetricSum, measure_mismatch: bool) -> int:
+                      sums: MetricSum, measure_mismatch: bool, ref_logp: torch.Tensor | None = None) -> int:
         """Update the policy; returns the number of skipped optimizer steps. ``measure_mismatch``: log
         |behaviour - trainer log-prob| from the first minibatch's forward passes, which still see the
-        weights the batch was sampled with (no extra forward pass)."""
+        weights the batch was sampled with (no extra forward pass); ``ref_logp``: the reference's
+        log-probs, for the KL term of the loss (actor.kl_loss_coef)."""
         cfg = self.actor_cfg
 
         def micro_loss(sub: RolloutBatch, idx: torch.Tensor, n_tokens: float, n_seqs: float, minibatch: int):
@@ -320,7 +322,7 @@ class LitPPO(L.LightningModule):
                 prox = approximate_prox_logp(sub.behave_logp, logp, sub.versions, self.version, cfg.prox_logp_method)
             loss, stats = policy_loss(logp, prox, advantages[idx, :width], sub.loss_mask, cfg,
                                       behave_logp=sub.behave_logp, num_tokens=n_tokens, num_seqs=n_seqs,
-                                      entropy=entropy)
+                                      entropy=entropy, ref_logp=None if ref_logp is None else ref_logp[idx, :width])
             mismatch = {k: v for k, v in stats.items() if k in MISMATCH_STATS}
             if measure_mismatch and minibatch == 0:
                 gap = (logp.detach() - sub.behave_logp).abs() * sub.loss_mask

@@ -81,3 +81,12 @@ def test_an_approximated_proximal_policy_skips_the_recomputing_pass(cli_here, mo
                       *FAST)
     assert result.returncode == 0, result.stderr[-3000:]
     assert iterations_done(cli_here.cwd) == 2 and len(calls) == passes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [["actor.kl_loss_coef=0.05"], ["model.teacher={teacher}", "actor.kl_loss_coef=0.1"]])
+def test_a_kl_term_in_the_loss_to_the_reference_or_a_teacher(cli_here, teacher, capfd, extra):
+    capfd.readouterr()  # building the teacher is the test's own output, not the run's
+    result = cli_here("fit", "algo=grpo", *[a.format(teacher=teacher) for a in extra], *FAST)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert iterations_done(cli_here.cwd) == 2

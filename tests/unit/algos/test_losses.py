@@ -900,3 +900,26 @@ def test_gpg_refuses_the_sequence_level():
     with pytest.raises(ValueError, match=r"^importance_sampling_level='sequence' is invalid: must be 'token' with "
                                          r"policy_loss='gpg'"):
         PPOActorConfig(policy_loss="gpg", importance_sampling_level="sequence")
+
+
+# ====================================================================== KL term in the loss
+
+
+@pytest.mark.parametrize("estimator, value, slope", [
+    ("k3", lambda d: math.exp(-d) - 1 + d, lambda d: 1 - math.exp(-d)),
+    ("k2", lambda d: d * d / 2, lambda d: d),
+    ("k1", lambda d: d, lambda d: 1.0),
+])
+def test_kl_loss_term_is_beta_times_the_estimate_with_its_gradient(estimator, value, slope):
+    # A = 0 (the surrogate adds nothing); logp - ref = [.2, -.1]; L = beta * mean K; dL/dlogp = beta K'(d) / 2.
+    beta, d = 0.5, [0.2, -0.1]
+    cfg = PPOActorConfig(kl_loss_coef=beta, kl_loss_estimator=estimator)
+    loss, stats, grad = _run([d], [[0.0, 0.0]], cfg=cfg, ref_logp=_t([[0.0, 0.0]]))
+    _close(loss, beta * (value(d[0]) + value(d[1])) / 2)
+    _close(grad, [[beta * slope(x) / 2 for x in d]])
+    assert _stat(stats, "kl_loss") == pytest.approx((value(d[0]) + value(d[1])) / 2, rel=1e-5)
+
+
+def test_kl_loss_needs_the_reference_log_probs():
+    with pytest.raises(ValueError, match="kl_loss_coef > 0 needs ref_logp"):
+        _run([[0.0]], [[1.0]], cfg=PPOActorConfig(kl_loss_coef=0.1))
