@@ -25,7 +25,8 @@ pytestmark = pytest.mark.usefixtures("no_model_loading")
 
 SECTIONS = {"NormConfig": "", "RejectionSamplingConfig": "rejection_sampling.", "OptimizerConfig": "optimizer.",
             "PPOActorConfig": "", "PPOCriticConfig": "critic.", "GenerationConfig": "gconfig.", "EvalConfig": "eval.",
-            "ModelConfig": "model.", "SlurmConfig": "scheduler.", "RayConfig": "scheduler.", "RolloutConfig": "data."}
+            "ModelConfig": "model.", "SlurmConfig": "scheduler.", "RayConfig": "scheduler.", "RolloutConfig": "data.",
+            "TrustRegionMaskConfig": "trust_region_mask.", "ClipCovConfig": "clip_cov.", "KLCovConfig": "kl_cov."}
 """Config dataclass -> the prefix its own errors give a field (the CLI adds ``actor.`` to the actor's); a key
 of the rollout group is named as typed, ``rollout.<key>`` (``typed_key``)."""
 CONFIGS = sorted({cls for _, cls in inspect.getmembers(lit_ppo.config, dataclasses.is_dataclass)

@@ -87,7 +87,7 @@ def test_the_offpolicyness_under_its_printed_name_needs_the_decoupled_loss(capsy
 
 
 @pytest.mark.parametrize("args,expected", [
-    (["model.algo=ppo"], "model.algo=ppo cannot be set here: the algo preset sets it: use algo=ppo (one of dapo,"),
+    (["model.algo=ppo"], "model.algo=ppo cannot be set here: the algo preset sets it: use algo=ppo (one of cispo,"),
     (["model.algo=mine"], "model.algo=mine cannot be set here: the algo preset sets it: use algo=<option>"),
     (["trainer.logger=false"], "trainer.logger=false cannot be set here: the logger preset sets it: use logger=none "
      "(one of csv, mlflow, none, tensorboard, wandb)"),

@@ -205,7 +205,10 @@ def test_the_async_service_reward_example_scores_a_batch_concurrently(tmp_path, 
             self.end_headers()
             self.wfile.write(data)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Scorer)
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 64  # sixteen connects at once must not overflow the listen backlog (5)
+
+    server = Server(("127.0.0.1", 0), Scorer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         (tmp_path / "service_rewards.py").write_text(example)
