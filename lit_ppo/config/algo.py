@@ -399,6 +399,11 @@ class PPOActorConfig:
                           UserWarning, stacklevel=3)
 
     @property
+    def approximates_prox(self) -> bool:
+        """pi_prox comes from an approximation (prox_logp_method), not a recomputing forward pass."""
+        return self.prox_logp_method != "recompute"
+
+    @property
     def eps_clip_high(self) -> float:
         """Upper clip epsilon in effect."""
         return self.eps_clip if self.eps_clip_higher is None else self.eps_clip_higher

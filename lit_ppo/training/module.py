@@ -232,9 +232,8 @@ class LitPPO(L.LightningModule):
         # With dropout (model.lora_dropout) the update's own forward is noisy: the old log-probs and the
         # engine check come from a pass without it.
         # With an approximated pi_prox (actor.prox_logp_method) the update's own forward pass stands in for it.
-        approximated = cfg.use_decoupled_loss and cfg.prox_logp_method != "recompute"
-        needs_prox = not approximated and (cfg.recompute_logprob or cfg.use_decoupled_loss
-                                           or self.model_cfg.lora_dropout > 0)
+        needs_prox = not cfg.approximates_prox and (cfg.recompute_logprob or cfg.use_decoupled_loss
+                                                    or self.model_cfg.lora_dropout > 0)
         if needs_prox:
             (prox_logp,) = self._no_grad_pass(lambda b: self._logprobs(self.policy, b)[0], batch, cfg.mb_max_tokens)
             metrics["mismatch/logp_abs_diff"] = logp_gap(prox_logp, batch)
@@ -318,7 +317,7 @@ class LitPPO(L.LightningModule):
             width = sub.input_ids.shape[1]
             logp, entropy = self._logprobs(self.policy, sub, with_entropy=True)
             prox = old_logp[idx, :width]
-            if cfg.use_decoupled_loss and cfg.prox_logp_method != "recompute":
+            if cfg.approximates_prox:
                 prox = approximate_prox_logp(sub.behave_logp, logp, sub.versions, self.version, cfg.prox_logp_method)
             loss, stats = policy_loss(logp, prox, advantages[idx, :width], sub.loss_mask, cfg,
                                       behave_logp=sub.behave_logp, num_tokens=n_tokens, num_seqs=n_seqs,

@@ -134,8 +134,9 @@ def test_a_judge_that_is_down_is_refused_before_any_model_loads(cli_here, fake):
         assert not list(cli_here.cwd.glob("runs/*/*/checkpoints"))
 
 
-def test_a_judge_that_breaks_mid_run_stops_it_in_one_line_and_the_run_resumes(cli_here, fake):
-    judge_data(cli_here.cwd)
+def test_a_judge_that_breaks_mid_run_stops_it_in_one_line_and_the_run_resumes(cli, fake):
+    """In a real process: the exit code, stderr and the checkpoint as a user sees them."""
+    judge_data(cli.cwd)
     calls = []
 
     def reply(messages):
@@ -147,14 +148,14 @@ def test_a_judge_that_breaks_mid_run_stops_it_in_one_line_and_the_run_resumes(cl
     fake.reply = reply
     command = [a for a in judge_command(fake) if not a.startswith("trainer.max_steps=")] + [
         "trainer.max_steps=3", "data.task_kwargs.judge.max_retries=0"]
-    result = cli_here(*command)
+    result = cli(*command)
     assert result.returncode == 1, result.stderr[-3000:]
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
     assert f"reward function 'judge' raised RuntimeError: judge at {fake.url} answered HTTP 500 (0 retries)" in line
-    checkpoints = run_dir(cli_here.cwd) / "checkpoints"
+    checkpoints = run_dir(cli.cwd) / "checkpoints"
     assert torch.load(checkpoints / "last.ckpt", weights_only=False)["global_step"] == 1
     fake.status, fake.reply = 200, lambda messages: "VERDICT: incorrect"
-    resumed = cli_here(*command, "--ckpt_path", "last")
+    resumed = cli(*command, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert iteration_rewards(resumed.stdout) == [0.0, 0.0]  # iterations 2 and 3
 
