@@ -72,7 +72,7 @@ def check_config(tree: dict, subcommand: str = "fit") -> None:
         if not (actor.kl_ctl > 0 or actor.kl_loss_coef > 0):
             raise ConfigError(f"model.teacher={model_cfg.teacher} needs actor.kl_ctl > 0 or actor.kl_loss_coef > 0: "
                               f"the teacher's log-probs enter through the KL reward or the KL loss (algo=opd sets "
-                              f"the first)")
+                              f"the first, algo=kdrl the second)")
         problem = teacher_problem(model_cfg.teacher, model_cfg.source, model_cfg.cache_dir)
         if problem is not None:
             raise ConfigError(f"model.teacher={model_cfg.teacher} {problem}")

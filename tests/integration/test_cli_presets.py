@@ -25,7 +25,8 @@ def iterations_done(cwd) -> int:
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_fits_two_iterations(cli, cli_here, preset, request, capfd):
     extra = {"dapo": ["data.max_attempts_factor=50"],
-             "opd": [f"model.teacher={request.getfixturevalue('teacher')}"]}.get(preset, [])
+             "opd": [f"model.teacher={request.getfixturevalue('teacher')}"],
+             "kdrl": [f"model.teacher={request.getfixturevalue('teacher')}"]}.get(preset, [])
     capfd.readouterr()  # building the teacher is the test's own output, not the run's
     subprocess_ = preset in IN_A_SUBPROCESS
     result = (cli if subprocess_ else cli_here)("fit", f"algo={preset}", *FAST, *extra)

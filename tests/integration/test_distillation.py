@@ -35,7 +35,7 @@ def test_the_student_moves_toward_the_teacher(cli_here, monkeypatch, teacher):
     (["algo=opd"], "error: model.teacher is required: give model.teacher=<value>"),
     (["algo=grpo", "model.teacher={teacher}"],
      "error: model.teacher={teacher} needs actor.kl_ctl > 0 or actor.kl_loss_coef > 0: the teacher's log-probs enter "
-     "through the KL reward or the KL loss (algo=opd sets the first)"),
+     "through the KL reward or the KL loss (algo=opd sets the first, algo=kdrl the second)"),
     (["algo=opd", "model.teacher={missing}"], "error: model.teacher={missing} is not a directory"),
 ])
 def test_a_teacher_that_cannot_teach_is_one_line_before_any_model_loads(cli_here, teacher, args, line):

@@ -136,7 +136,7 @@ def test_values_keep_their_python_types():
 
 @pytest.mark.parametrize("overrides,values,line", [
     (("algo=GRPO",), {}, "algo=GRPO is invalid (did you mean algo=grpo?): must be one of cispo, clip_cov, dapo, "
-                         "dapo_dynamic_bs, dppo, drgrpo, gdpo, gmpo, gpg, grpo, gspo, icepop, kl_cov, kpop, liteppo, "
+                         "dapo_dynamic_bs, dppo, drgrpo, gdpo, gmpo, gpg, grpo, gspo, icepop, kdrl, kl_cov, kpop, liteppo, "
                          "m2po, opd, ppo, reinforce_plus_plus, reinforce_plus_plus_baseline, rloo, sapo"),
     ((), {"actor.eps_clip": -1}, "actor.eps_clip=-1 is invalid: must be a finite number >= 0.0"),
     ((), {"actor.eps_clipp": 0.3}, "actor.eps_clipp is not a key (did you mean actor.eps_clip?)"),

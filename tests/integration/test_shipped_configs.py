@@ -35,7 +35,7 @@ def test_every_group_option_prints_a_config_that_validates(override, capsys, req
     from lit_ppo.__main__ import main
 
     required = REQUIRED.get(override, [])
-    if override == "algo=opd":  # a teacher with the tiny policy's vocabulary
+    if override in ("algo=opd", "algo=kdrl"):  # a teacher with the tiny policy's vocabulary
         required = [f"model.teacher={request.getfixturevalue('teacher')}"]
         capsys.readouterr()  # building it is the test's own output
 

@@ -223,7 +223,7 @@ def test_help_loads_neither_torch_nor_lightning():
 
 MISTAKES = {
     "algo=GRPO": "error: algo=GRPO is invalid (did you mean algo=grpo?): must be one of cispo, clip_cov, dapo, "
-                 "dapo_dynamic_bs, dppo, drgrpo, gdpo, gmpo, gpg, grpo, gspo, icepop, kl_cov, kpop, liteppo, m2po, opd, ppo, "
+                 "dapo_dynamic_bs, dppo, drgrpo, gdpo, gmpo, gpg, grpo, gspo, icepop, kdrl, kl_cov, kpop, liteppo, m2po, opd, ppo, "
                  "reinforce_plus_plus, reinforce_plus_plus_baseline, rloo, sapo",
     "actor.eps_clipp=0.3": "error: actor.eps_clipp is not a key (did you mean actor.eps_clip?)",
     "actor.eps_clip=-1": "error: actor.eps_clip=-1 is invalid: must be a finite number >= 0.0",

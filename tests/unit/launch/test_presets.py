@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from lit_ppo.algos import compute_advantages
+from lit_ppo.algos import compute_advantages, policy_loss
 from lit_ppo.launch.compose import compose
 from lit_ppo.launch.presets import conf_dir, group_options
 from lit_ppo.config import PPOActorConfig
@@ -88,7 +88,7 @@ def test_every_algo_preset_composes_into_a_valid_actor():
     assert set(presets) >= {"ppo", "grpo", "drgrpo", "liteppo", "rloo", "gspo", "dapo", "dapo_dynamic_bs", "sapo",
                             "icepop", "kpop"}
     for preset in presets:
-        needs = ["model.teacher=some-teacher"] if preset == "opd" else []  # opd has no default teacher
+        needs = ["model.teacher=some-teacher"] if preset in ("opd", "kdrl") else []  # no default teacher
         tree = compose([f"algo={preset}", "logger=none", *needs])
         assert tree["model"]["algo"] == preset
         PPOActorConfig(**tree["model"]["actor"])
@@ -104,6 +104,32 @@ def test_opd_distils_the_teacher_token_by_token():
     adv = advantages_of(cfg, old_logp=old, ref_logp=teacher)
     for b, row in enumerate(deltas):
         torch.testing.assert_close(adv[b, 2:2 + LENGTHS[b]], -torch.tensor(row), atol=1e-6, rtol=1e-6)
+
+
+def test_kdrl_is_grpo_plus_beta_times_the_k2_reverse_kl_to_the_teacher_in_the_loss():
+    # On-policy (logp = old_logp, r = 1, no clip): L = mean_t(-A_t) + 0.005 * mean_t (logp_t - T_t)^2 / 2 over the
+    # N generated tokens, and dL/dlogp_t = (-A_t + 0.005 * (logp_t - T_t)) / N; A is grpo's (group, then batch z-score).
+    tree = compose(["algo=kdrl", "logger=none", "model.teacher=some-teacher"])
+    assert tree["model"]["model"]["teacher"] == "some-teacher"
+    cfg = PPOActorConfig(**tree["model"]["actor"])
+    assert_rows(advantages_of(cfg), token_batch_zscore(group_zscore()))
+    old, teacher, deltas = kl_batch()
+    mask = batch_mask()
+    per_row = token_batch_zscore(group_zscore())
+    adv = torch.zeros(len(LENGTHS), T)
+    for b, n in enumerate(LENGTHS):
+        adv[b, 2:2 + n] = per_row[b]
+    logp = old.clone().requires_grad_(True)
+    loss, stats = policy_loss(logp, old, adv, mask, cfg, ref_logp=teacher)
+    loss.backward()
+    n_tokens = sum(LENGTHS)
+    tokens = [(per_row[b], d) for b, row in enumerate(deltas) for d in row]
+    assert float(loss) == pytest.approx(sum(-a + 0.005 * d * d / 2 for a, d in tokens) / n_tokens, abs=1e-6)
+    assert float(stats["kl_loss"]) == pytest.approx(sum(d * d / 2 for _, d in tokens) / n_tokens, rel=1e-5)
+    for b, row in enumerate(deltas):
+        expected = [(-per_row[b] + 0.005 * d) / n_tokens for d in row]
+        torch.testing.assert_close(logp.grad[b, 2:2 + LENGTHS[b]], torch.tensor(expected), atol=1e-7, rtol=1e-5)
+    assert (logp.grad[~mask] == 0).all()
 
 
 @pytest.mark.parametrize("preset", ["grpo", "gspo", "sapo", "icepop", "kpop"])
