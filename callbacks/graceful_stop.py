@@ -65,8 +65,8 @@ class GracefulStop(L.Callback):
     def _handle(self, signum: int, frame) -> None:
         name = signal_name(signum)
         trainer = self._trainer
-        rollouts: RolloutSource = trainer.datamodule  # handled from on_train_start: after LitPPO.on_fit_start's check
-        generating = rollouts.collecting
+        rollouts = trainer.datamodule  # a RolloutSource under LitPPO (checked at its fit start); sft's examples are not
+        generating = isinstance(rollouts, RolloutSource) and rollouts.collecting
         evaluating = trainer.validating and not trainer.sanity_checking
         if received_signal() is None:
             record_signal(signum)

@@ -1,4 +1,4 @@
-"""Layer 8, the command line: ``python -m lit_ppo fit|validate|test|export|compare|sweep``. Each
+"""Layer 8, the command line: ``python -m lit_ppo fit|validate|test|sft|export|compare|sweep``. Each
 subcommand parses and checks its arguments, reports a mistake as one line (exit code 2) and calls the
 layers below (``fit``, ``validate`` and ``test`` the verbs of ``lit_ppo.launch``); nothing below imports
 from here.
@@ -41,6 +41,9 @@ SUBCOMMANDS = {
     "validate": Subcommand("lit_ppo.cli.fit", (
         "validate|test --ckpt_path CKPT [key=value ...]   (or with fit's overrides)",), help="lit_ppo.cli.help"),
     "test": Subcommand("lit_ppo.cli.fit", (), help="lit_ppo.cli.help"),  # on validate's line
+    "sft": Subcommand("lit_ppo.cli.sft", (
+        "sft [group=option ...] [key=value ...] [sft.key=value ...] [--ckpt_path CKPT]",),
+        ": no model directory was written (the run directory keeps its checkpoints)"),
     "export": Subcommand("lit_ppo.cli.export", (
         "export --ckpt_path CKPT --output DIR [--adapter DIR] [--overwrite]",),
         ": nothing was exported (the output directory is as it was)"),

@@ -272,6 +272,23 @@ def rows_to_problems(rows: list[dict[str, Any]], path: str, prompt_key: str, ans
     return tuple(problems)
 
 
+def held_out_split(train: tuple[Problem, ...], fraction: float | None, seed: int,
+                   path: str) -> tuple[tuple[Problem, ...], tuple[Problem, ...]]:
+    """``(train, test)``: ``fraction`` of the problems (at least one), chosen with ``seed``, held out as the test
+    split, the others kept in order; None: all of them and no test split."""
+    if fraction is None:
+        return train, ()
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+        raise ValueError(f"{PREFIX}test_fraction={fraction!r} is invalid: must be in (0, 1) or null")
+    if len(train) < 2:
+        raise ValueError(f"{PREFIX}test_fraction={fraction!r}: {path} has {len(train)} row, too few to split")
+    order = list(range(len(train)))
+    random.Random(seed).shuffle(order)
+    held_out = set(order[:min(len(train) - 1, max(1, round(fraction * len(train))))])
+    return (tuple(p for i, p in enumerate(train) if i not in held_out),
+            tuple(p for i, p in enumerate(train) if i in held_out))
+
+
 @dataclass
 class DatasetTask:
     """Prompts from the user's local data, rewarded by the weighted sum of TRL-style reward functions."""
@@ -343,9 +360,6 @@ class DatasetTask:
             if self.test_path is not None:
                 raise ValueError(f"{PREFIX}test_fraction={self.test_fraction!r} is invalid with {PREFIX}test_path: "
                                  f"give one of them")
-            if isinstance(self.test_fraction, bool) or not isinstance(self.test_fraction, (int, float)) \
-                    or not 0 < self.test_fraction < 1:
-                raise ValueError(f"{PREFIX}test_fraction={self.test_fraction!r} is invalid: must be in (0, 1) or null")
         tokens = self.completion_tokens
         if tokens is not None:
             if (not isinstance(tokens, (list, tuple)) or not tokens
@@ -367,16 +381,8 @@ class DatasetTask:
         test: tuple[Problem, ...] = ()
         if self.test_path is not None:
             test = self._load(self.test_path, "test_path")
-        elif self.test_fraction is not None:
-            if len(train) < 2:
-                raise ValueError(f"{PREFIX}test_fraction={self.test_fraction!r}: {self.train_path} has "
-                                 f"{len(train)} row, too few to split")
-            order = list(range(len(train)))
-            random.Random(self.seed).shuffle(order)
-            n_test = min(len(train) - 1, max(1, round(self.test_fraction * len(train))))
-            held_out = set(order[:n_test])
-            test = tuple(p for i, p in enumerate(train) if i in held_out)
-            train = tuple(p for i, p in enumerate(train) if i not in held_out)
+        else:
+            train, test = held_out_split(train, self.test_fraction, self.seed, self.train_path)
         self._splits = {"train": train, "test": test}
 
     def _accuracy_function(self) -> RewardFunction:

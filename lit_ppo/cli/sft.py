@@ -1,0 +1,92 @@
+"""``python -m lit_ppo sft [group=option ...] [key=value ...]``: supervised fine-tuning in fit's config
+system (``lit_ppo.launch.sft``). The ``sft.*`` keys are its own; every other override composes as fit's
+does, so ``model=``, ``data=``, ``trainer=``, ``logger=`` and ``actor.optimizer.*`` mean what they mean
+there. Every outcome is one line and an exit code: 0 done, 2 bad input, 1 a failure, 128 + the signal."""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import fields
+from pathlib import Path
+
+import yaml
+
+from lit_ppo.cli.args import asks_for_help, print_error
+import lit_ppo.config.sft as sft_config
+from lit_ppo.config.sft import SFTConfig
+from lit_ppo.config.sections import construct
+from lit_ppo.errors import ConfigError
+from lit_ppo.launch.compose import compose_run
+from lit_ppo.utils.flags import flag_value, split_arguments
+from lit_ppo.utils.source_docs import dataclass_fields, summary
+from lit_ppo.utils.stop_requests import exit_code, received_signal
+
+USAGE = "python -m lit_ppo sft [group=option ...] [key=value ...] [sft.key=value ...] [--ckpt_path CKPT]"
+
+
+def main(argv: list[str]) -> int:
+    """``sft`` with its overrides; ``argv``: the command line after ``python -m lit_ppo``, ``sft`` first."""
+    if asks_for_help(argv[1:]):
+        print(help_text())
+        return 0
+    try:
+        overrides, flags = split_arguments(argv[1:])
+        ckpt_path = flag_value(flags, "--ckpt_path")
+        unknown = [f for f in flags if f != ckpt_path and f.split("=", 1)[0] != "--ckpt_path"]
+        if unknown:
+            raise ConfigError(f"sft takes key=value overrides and --ckpt_path, not {unknown[0]}: usage: {USAGE}")
+        if ckpt_path is not None and not Path(ckpt_path).is_file():
+            raise ConfigError(f"--ckpt_path {ckpt_path}: no such checkpoint file")
+        sft, others = sft_overrides(overrides)
+        max_steps = next((yaml.safe_load(o.split("=", 1)[1]) for o in others
+                          if o.lstrip("+").split("=", 1)[0] == "trainer.max_steps"), None)
+        tree, scheduler = compose_run(others)
+        if scheduler is not None:
+            raise ConfigError("sft runs in this process: the scheduler group (scheduler=slurm, scheduler=ray) is fit's")
+        # torch, Lightning and the models: once the config composes
+        from lit_ppo.launch.lightning_cli import quiet_expected_output
+        from lit_ppo.launch.sft import run_sft, sft_run
+
+        quiet_expected_output()
+
+        run = sft_run(tree, sft, max_steps)
+        run_sft(run, ckpt_path)
+        signum = received_signal()
+        if signum is not None:  # GracefulStop wrote last.ckpt and said how to resume
+            return exit_code(signum)
+    except ConfigError as e:
+        print_error(str(e))
+        return 2
+    except Exception as e:  # a failure of the run itself: its traceback, then its one line
+        traceback.print_exc()
+        print_error(f"sft failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        return 1
+    return 0
+
+
+def sft_overrides(overrides: list[str]) -> tuple[SFTConfig, list[str]]:
+    """The ``SFTConfig`` of the ``sft.key=value`` overrides (values read as YAML) and the other overrides."""
+    values, others = {}, []
+    for override in overrides:
+        key, _, value = override.lstrip("+").partition("=")
+        if key == "sft" or key.startswith("sft."):
+            if key == "sft" or key.count(".") != 1:
+                raise ConfigError(f"{key} is not a key: give sft.<key>=value, one of "
+                                  f"{', '.join(f'sft.{f.name}' for f in fields(SFTConfig))}")
+            values[key.split(".", 1)[1]] = yaml.safe_load(value) if value else None
+        else:
+            others.append(override)
+    return construct(SFTConfig, values, "sft"), others
+
+
+def help_text() -> str:
+    """The usage line, what sft takes from fit's config, and every ``sft.*`` key with its default."""
+    lines = [f"usage: {USAGE}", "",
+             "Supervised fine-tuning: the loss is the negative log-likelihood of the completions' tokens.",
+             "From fit's config: model=NAME|DIR and model.*, data=<task> and data.task_kwargs.* (a completion",
+             "column, chat messages, or sft.completion_template), actor.optimizer.*, trainer=cpu|gpu|ddp,",
+             "trainer.max_steps, logger=..., checkpoint.*, seed. The run directory's model/ is what",
+             "`fit model=<run dir>/model` starts from.", "", "sft keys:"]
+    for doc in dataclass_fields(Path(sft_config.__file__), "SFTConfig"):
+        lines.append(f"  sft.{doc.name}={doc.default!r}  {summary(doc.doc)}")
+    return "\n".join(lines)

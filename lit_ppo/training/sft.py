@@ -1,0 +1,112 @@
+"""LitSFT: supervised fine-tuning of the policy that ``fit`` trains, on the examples of
+``lit_ppo.training.sft_data``. The loss is the mean negative log-likelihood over the tokens the examples'
+masks count (their completions), across the batch:
+
+    L = - sum_{b,t} m_bt log pi_theta(y_bt | y_b<t) / sum_{b,t} m_bt
+
+computed by ``lit_ppo.models.token_logprobs`` (the LM head in chunks: no ``[tokens x vocab]`` logits stay).
+Its checkpoints hold the policy's weights under the names LitPPO's do, with the same ``model``
+hyperparameters, so ``python -m lit_ppo export`` reads them, and the final model directory is what
+``fit model=<dir>`` starts from."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict
+
+import lightning as L
+import torch
+
+from lit_ppo.callbacks.export import ExportModel
+from lit_ppo.callbacks.graceful_stop import GracefulStop
+from lit_ppo.config import ModelConfig, OptimizerConfig
+from lit_ppo.models import load_causal_lm, token_logprobs, torch_dtype, use_chat_template
+from lit_ppo.models.lora import add_lora, lora_config, merged_model
+from lit_ppo.training.checkpoint_io import install_checkpoint_io
+from lit_ppo.training.optim import adamw_with_schedule
+
+
+class LitSFT(L.LightningModule):
+    """The policy of ``model`` trained on completions.
+
+    Args:
+        model: the language model (``model.*``, as fit's).
+        optimizer: AdamW and its schedule (``actor.optimizer.*``, as fit's), over the run's optimizer steps.
+    """
+
+    def __init__(self, model: ModelConfig, optimizer: OptimizerConfig):
+        super().__init__()
+        self.model_cfg = model
+        self.optimizer_cfg = optimizer
+        self.save_hyperparameters({"model": asdict(model), "optimizer": asdict(optimizer), "algo": "sft"},
+                                  logger=False)
+        self.policy, self.tokenizer = load_causal_lm(model.source, model.cache_dir, torch_dtype(model.dtype))
+        use_chat_template(self.tokenizer, model.chat_template)
+        self.policy.train()  # from_pretrained returns eval mode
+        if model.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable()
+        if model.lora_rank > 0:
+            add_lora(self.policy, lora_config(model))
+
+    def configure_optimizers(self):
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        optimizer, scheduler = adamw_with_schedule(params, self.optimizer_cfg, self.trainer.estimated_stepping_batches)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        if self.optimizer_cfg.gradient_clipping is not None:
+            self.clip_gradients(optimizer, gradient_clip_val=self.optimizer_cfg.gradient_clipping,
+                                gradient_clip_algorithm="norm")
+
+    def configure_callbacks(self):
+        # A stop signal ends the step, writes last.ckpt and exits 128 + the signal, as fit does.
+        exports = [] if any(isinstance(c, ExportModel) for c in self.trainer.callbacks) else [ExportModel()]
+        return [GracefulStop(), *exports]
+
+    def setup(self, stage: str) -> None:
+        install_checkpoint_io(self.trainer.strategy)  # atomic, finite-only checkpoints, as fit's
+
+    def full_policy(self):
+        """The policy as one plain transformers model (the adapters merged): what the export writes."""
+        return merged_model(self.policy)
+
+    def nll(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(sum of -log pi over the counted tokens, their number)`` of ``batch``."""
+        logp, _ = token_logprobs(self.policy, batch["input_ids"], batch["attention_mask"],
+                                 loss_mask=batch["loss_mask"], chunk_size=self.model_cfg.logprob_chunk_size)
+        mask = batch["loss_mask"]
+        return -(logp * mask).sum(), mask.sum()
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        total, count = self.nll(batch)
+        # The token mean over the whole batch, across ranks (DDP averages the gradients of equal shares).
+        tokens = self.trainer.strategy.reduce(count.float(), reduce_op="sum")
+        loss = total / tokens.clamp(min=1) * self.trainer.world_size
+        self.log("sft/loss", total.detach() / count.clamp(min=1), prog_bar=True, batch_size=int(count))
+        # The optimizer steps done after this one: the loggers' step, and what the checkpoints rank by (newest).
+        self.log("step", float(self.trainer.global_step + 1))
+        self.log("sft/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        return loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        total, count = self.nll(batch)
+        # Weighted by tokens: the epoch's value is the test split's token-mean NLL.
+        self.log("sft/val_loss", total / count.clamp(min=1), batch_size=int(count), sync_dist=True, prog_bar=True)
+
+
+class SFTProgress(L.Callback):
+    """One line per tenth of the run's optimizer steps (and the last), and one per evaluation of the test
+    split, on rank 0: ``sft step 40/400 loss 1.234 lr 2e-05``, ``sft epoch 1 val_loss 0.987``."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step, total = trainer.global_step, trainer.estimated_stepping_batches
+        if not trainer.is_global_zero or not (step % max(1, int(total) // 10) == 0 or step == total):
+            return
+        loss = trainer.callback_metrics.get("sft/loss")
+        lr = trainer.optimizers[0].param_groups[0]["lr"]
+        print(f"sft step {step}/{int(total)} loss {float(loss):.4f} lr {lr:.3g}", file=sys.stderr, flush=True)
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        value = trainer.callback_metrics.get("sft/val_loss")
+        if trainer.is_global_zero and value is not None and not trainer.sanity_checking:
+            print(f"sft epoch {trainer.current_epoch + 1} val_loss {float(value):.4f}", file=sys.stderr, flush=True)

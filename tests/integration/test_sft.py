@@ -1,0 +1,120 @@
+"""``python -m lit_ppo sft`` through the command line: the tiny model fine-tuned on a file of prompts and
+completions (its held-out loss falls), its run directory (config, last.ckpt, model/), ``fit model=<dir>``
+starting from that model, ``export`` reading its checkpoint, and every bad input as one line before any
+model loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.integration.conftest import FAST, reap
+
+pytestmark = pytest.mark.slow
+
+
+def write_sums(path, n: int = 60) -> None:
+    rows = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a in range(10) for b in range(6)][:n]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory):
+    """One tiny sft run, in a real process: (working directory, CompletedProcess)."""
+    from tests.integration.conftest import run_cli
+
+    cwd = tmp_path_factory.mktemp("sft")
+    write_sums(cwd / "sums.jsonl")
+    result = run_cli(["sft", "logger=none", "data=dataset", "data.task_kwargs.train_path=sums.jsonl",
+                      "data.task_kwargs.test_fraction=0.2", "sft.epochs=4", "actor.optimizer.lr=3e-3"], cwd)
+    return cwd, result
+
+
+def test_sft_learns_the_completions_and_leaves_a_model_that_fit_starts_from(sft_run, cli_here):
+    cwd, result = sft_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = [float(v) for v in re.findall(r"sft epoch \d val_loss ([\d.]+)", result.stderr)]
+    assert len(losses) == 4 and losses[-1] < 0.8 * losses[0], result.stderr  # held-out completions, not trained on
+    (run,) = (cwd / "runs").glob("*/sft-dataset-tiny-*")
+    assert (run / "config.yaml").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
+    assert f"model directory: {run.relative_to(cwd)}/model" in result.stderr
+    assert not [line for line in result.stdout.splitlines() + result.stderr.splitlines() if "Loading weights" in line]
+    # The model directory holds the trained policy: what the checkpoint holds.
+    state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    exported = load_file(run / "model" / "model.safetensors")
+    for name, value in exported.items():
+        torch.testing.assert_close(value, state[f"policy.{name}"])
+    cli_here.cwd.joinpath("runs").mkdir()
+    started = cli_here("fit", f"model={run / 'model'}", *FAST, "trainer.max_steps=1")
+    assert started.returncode == 0, started.stderr[-3000:]
+
+
+@pytest.mark.parametrize("args, line", [
+    (["data=dataset", "data.task_kwargs.train_path=sums.jsonl", "sft.epoch=2"],
+     "error: sft.epoch is not a key (did you mean sft.epochs?); allowed: batch_size, completion_key, "
+     "completion_template, epochs, max_length, shuffle"),
+    (["data=dataset", "data.task_kwargs.train_path=sums.jsonl", "sft.epochs=0"],
+     "error: sft.epochs=0 is invalid: must be a positive integer"),
+    (["data=dataset", "data.task_kwargs.train_path=sums.jsonl", "sft.completion_key=answer"],
+     "error: the train split's row 0 has no completion: give a 'answer' column (sft.completion_key; its columns: "
+     "completion), assistant messages in its prompt, or sft.completion_template (e.g. '<answer>{answer}</answer>')"),
+    (["data=dataset"], "error: data.task_kwargs.train_path is required: give data.task_kwargs.train_path=<value>"),
+    (["data=dataset", "data.task_kwargs.train_path=missing.jsonl"],
+     "error: data.task_kwargs.train_path='missing.jsonl': no such file or directory"),
+    (["sft.max_length=3"], "error: the train split's row 0 has no completion"),
+    (["data=dataset", "data.task_kwargs.train_path=sums.jsonl", "trainer=fsdp"],
+     "error: trainer.strategy="),
+    (["data=dataset", "data.task_kwargs.train_path=sums.jsonl", "scheduler=slurm"],
+     "error: sft runs in this process: the scheduler group (scheduler=slurm, scheduler=ray) is fit's"),
+    (["data=dataset", "data.task_kwargs.train_path=sums.jsonl", "--print_config"],
+     "error: sft takes key=value overrides and --ckpt_path, not --print_config: usage: python -m lit_ppo sft "
+     "[group=option ...] [key=value ...] [sft.key=value ...] [--ckpt_path CKPT]"),
+    (["data=dataset", "data.task_kwargs.train_path=sums.jsonl", "--ckpt_path", "nowhere.ckpt"],
+     "error: --ckpt_path nowhere.ckpt: no such checkpoint file"),
+])
+def test_bad_sft_input_is_one_line_before_any_model_loads(cli_here, args, line):
+    write_sums(cli_here.cwd / "sums.jsonl")
+    result = cli_here("sft", "logger=none", *args)
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(line), last
+    assert not (cli_here.cwd / "runs").exists() and not (cli_here.cwd / "cache").exists()
+
+
+def test_sigterm_ends_the_step_writes_last_ckpt_exits_143_and_the_printed_resume_finishes_the_run(tmp_path):
+    write_sums(tmp_path / "sums.jsonl")
+    args = [sys.executable, "-m", "lit_ppo", "sft", "logger=none", "data=dataset",
+            "data.task_kwargs.train_path=sums.jsonl", "sft.epochs=16", "sft.batch_size=4"]  # 240 steps
+    env = {**os.environ, "LIT_PPO_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = ""
+        while "sft step 24/240" not in seen:  # a line per tenth of the run: it is training
+            line = proc.stderr.readline()
+            assert line, seen[-3000:]
+            seen += line
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        reap(proc)
+    assert proc.returncode == 143 and "Traceback" not in err, err[-3000:]
+    (ckpt,) = tmp_path.glob("runs/*/*/checkpoints/last.ckpt")
+    step = torch.load(ckpt, map_location="cpu", weights_only=True)["global_step"]
+    assert 24 <= step < 240
+    assert f"received SIGTERM: finishing iteration {step}, then writing last.ckpt" in err
+    resume = re.search(r"resume with (--ckpt_path \S+)", err).group(1).split()
+    assert resume[1] == str(ckpt.absolute()) or resume[1] == str(ckpt.relative_to(tmp_path))
+    done = subprocess.run([*args, *resume], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "sft step 240/240" in done.stderr
+    assert sorted(int(torch.load(c, map_location="cpu", weights_only=True)["global_step"])
+                  for c in tmp_path.glob("runs/*/*/checkpoints/last.ckpt")) == [step, 240]
