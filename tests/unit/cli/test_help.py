@@ -197,6 +197,17 @@ def test_every_option_is_described(capsys, subcommand, flags):
         assert " ".join(action.help.split()[:4]) in " ".join(text.split())
 
 
+def test_sft_help_lists_every_sft_key_with_its_default(capsys):
+    from dataclasses import fields
+
+    from lit_ppo.config.sft import SFTConfig
+
+    text = _help(capsys, "sft", "--help")
+    assert text.startswith("usage: python -m lit_ppo sft [group=option ...]")
+    for field in fields(SFTConfig):
+        assert re.search(rf"^  sft\.{field.name}={re.escape(repr(field.default))}  \S", text, re.M), field.name
+
+
 def test_version(capsys):
     text = _help(capsys, "--version")
     assert text.startswith(f"lit_ppo {importlib.metadata.version('lit_ppo')} (")
@@ -215,7 +226,7 @@ def without_torch(calls: str) -> subprocess.CompletedProcess:
 def test_help_loads_neither_torch_nor_lightning():
     result = without_torch(
         "for args in (['fit', '--help'], ['fit', 'algo=ppo', 'trainer=ddp', 'data=gsm8k', '--help'],\n"
-        "             ['validate', '--help'],\n"
+        "             ['validate', '--help'], ['sft', '--help'],\n"
         "             ['export', '--help'], ['compare', '--help'], ['sweep', '--help'], ['--version']):\n"
         "    assert main(args) == 0, args")
     assert result.returncode == 0, result.stderr
