@@ -38,8 +38,8 @@ def main(argv: list[str]) -> int:
         if ckpt_path is not None and not Path(ckpt_path).is_file():
             raise ConfigError(f"--ckpt_path {ckpt_path}: no such checkpoint file")
         sft, others = sft_overrides(overrides)
-        max_steps = next((yaml.safe_load(o.split("=", 1)[1]) for o in others
-                          if o.lstrip("+").split("=", 1)[0] == "trainer.max_steps"), None)
+        given = [o.split("=", 1)[1] for o in others if o.lstrip("+").split("=", 1)[0] == "trainer.max_steps"]
+        max_steps = yaml.safe_load(given[-1]) if given else None  # the last one, as Hydra takes it
         tree, scheduler = compose_run(others)
         if scheduler is not None:
             raise ConfigError("sft runs in this process: the scheduler group (scheduler=slurm, scheduler=ray) is fit's")

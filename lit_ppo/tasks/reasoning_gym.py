@@ -34,7 +34,8 @@ class ReasoningGymTask:
     seed: int = 0
     """Seed of the 'train' split; 'test' uses ``seed + size`` (see ``_split_seed``)."""
     test_size: int = 100
-    """Entries in the 'test' split (0: none)."""
+    """Problems in the 'test' split (0: none), held out: no training problem's question, none repeated (a
+    generator with few distinct problems gives repeats and training ones, which are skipped)."""
     dataset_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra fields of the dataset's own config (e.g. ``{'min_terms': 2}``), validated by it."""
     prompt_style: str = "default"
@@ -65,8 +66,8 @@ class ReasoningGymTask:
         self._entries = {}
         # Generated eagerly (1000 gsm_symbolic entries take ~0.1 s, 10000 ~1.2 s) so that a bad
         # dataset config fails at construction and reward() can always find a problem's entry.
-        self._splits = {"train": self._generate(self._split_seed("train"), self.size),
-                        "test": self._generate(self._split_seed("test"), self.test_size)}
+        train = self._generate(self._split_seed("train"), self.size)
+        self._splits = {"train": train, "test": self._held_out(train)}
 
     @property
     def name(self) -> str:
@@ -77,6 +78,28 @@ class ReasoningGymTask:
         # Most reasoning-gym generators seed entry i with Random(seed + i); offsetting the test
         # seed by `size` keeps the two splits' per-entry seeds disjoint (seed + 1 would not).
         return self.seed if split == "train" else self.seed + self.size
+
+    def _held_out(self, train: tuple[Problem, ...]) -> tuple[Problem, ...]:
+        """The first ``test_size`` problems of the test seed's entries whose question is new: neither a
+        training problem's nor an earlier test problem's. More entries are generated while too few are
+        new (entry i's seed is the same however many are made); ValueError when the generator runs dry."""
+        if self.test_size == 0:
+            return ()
+        training, size = {p.prompt for p in train}, self.test_size
+        while True:
+            held_out, seen = [], set(training)
+            for problem in self._generate(self._split_seed("test"), size):
+                if problem.prompt not in seen:
+                    seen.add(problem.prompt)
+                    held_out.append(problem)
+                    if len(held_out) == self.test_size:
+                        return tuple(held_out)
+            if size >= 50 * self.test_size:
+                raise ValueError(f"test_size={self.test_size} is invalid for reasoning-gym dataset {self.dataset!r} "
+                                 f"({self.dataset_kwargs!r}): {size} entries gave {len(held_out)} problems that are "
+                                 f"not training ones and not repeated; lower test_size or size, or widen the "
+                                 f"dataset's settings")
+            size *= 2
 
     def _generate(self, seed: int, size: int) -> tuple[Problem, ...]:
         from reasoning_gym import create_dataset

@@ -90,7 +90,7 @@ def as_test_command(command: str, work, made: str | None = None) -> tuple[list[s
             # waits for: the shrunk run trains on what it samples.
             args.append("data.dynamic_filter_fn=null")
     elif args[0] == "sft":
-        args += ["trainer.max_steps=1", "sft.batch_size=2"]
+        args = [a for a in args if not a.startswith("trainer.max_steps=")] + ["trainer.max_steps=1", "sft.batch_size=2"]
     if "--ckpt_path" in args:
         i = args.index("--ckpt_path") + 1
         assert re.fullmatch(r"runs/[^/]+/<run>/checkpoints/last\.ckpt", args[i]), "the README's resume path changed"

@@ -68,6 +68,26 @@ def test_reasoning_gym_any_dataset():
         assert task.reward(p, "<answer>x</answer>") == 0.0
 
 
+SMALL_SUMS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+"""chain_sum of two one-digit numbers: few distinct questions, so the test seed's entries repeat training ones."""
+
+
+def test_the_test_split_is_held_out_even_where_the_generator_repeats_itself():
+    task = ReasoningGymTask(dataset="chain_sum", size=100, seed=0, test_size=30, dataset_kwargs=SMALL_SUMS)
+    train, test = task.problems("train"), task.problems("test")
+    raw = task._generate(task._split_seed("test"), 30)  # what the test seed gives, repeats included
+    assert {p.prompt for p in raw} & {p.prompt for p in train}  # the generator does repeat training questions
+    assert len(test) == 30 == len({p.prompt for p in test})
+    assert not {p.prompt for p in test} & {p.prompt for p in train}
+    # The first new questions of the test seed, in order: a larger test split starts with the smaller one.
+    larger = ReasoningGymTask(dataset="chain_sum", size=100, seed=0, test_size=40, dataset_kwargs=SMALL_SUMS)
+    assert larger.problems("test")[:30] == test
+    with pytest.raises(ValueError, match=r"^test_size=200 is invalid for reasoning-gym dataset 'chain_sum' .*: 12800 "
+                                         r"entries gave \d+ problems that are not training ones and not repeated; "
+                                         r"lower test_size or size"):
+        ReasoningGymTask(dataset="chain_sum", size=100, seed=0, test_size=200, dataset_kwargs=SMALL_SUMS)
+
+
 def test_reasoning_gym_config_errors():
     with pytest.raises(ValueError, match="gsm_symbolic") as err:  # close match suggested
         ReasoningGymTask(dataset="gsm_symbolc")
