@@ -18,21 +18,23 @@ from lit_ppo.config.keys import ROLLOUT_KEYS, typed_key
 from lit_ppo.errors import ConfigError
 from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.config import ModelConfig
+from lit_ppo.config.sft import SFTConfig
 from lit_ppo.schedulers import SCHEDULERS
 from tests.integration.conftest import FAST, run_cli
 
 pytestmark = pytest.mark.usefixtures("no_model_loading")
 
-SECTIONS = {"NormConfig": "", "RejectionSamplingConfig": "rejection_sampling.", "OptimizerConfig": "optimizer.",
+SECTIONS = {"SFTConfig": "sft.", "NormConfig": "", "RejectionSamplingConfig": "rejection_sampling.", "OptimizerConfig": "optimizer.",
             "PPOActorConfig": "", "PPOCriticConfig": "critic.", "GenerationConfig": "gconfig.", "EvalConfig": "eval.",
             "ModelConfig": "model.", "SlurmConfig": "scheduler.", "RayConfig": "scheduler.", "RolloutConfig": "data.",
             "TrustRegionMaskConfig": "trust_region_mask.", "ClipCovConfig": "clip_cov.", "KLCovConfig": "kl_cov."}
 """Config dataclass -> the prefix its own errors give a field (the CLI adds ``actor.`` to the actor's); a key
 of the rollout group is named as typed, ``rollout.<key>`` (``typed_key``)."""
 CONFIGS = sorted({cls for _, cls in inspect.getmembers(lit_ppo.config, dataclasses.is_dataclass)
-                  if cls.__module__.startswith("lit_ppo.config.")} | {ModelConfig} | {c for c in SCHEDULERS.values() if c},
+                  if cls.__module__.startswith("lit_ppo.config.")} | {ModelConfig, SFTConfig}
+                 | {c for c in SCHEDULERS.values() if c},
                  key=lambda cls: cls.__name__)
-"""Every config dataclass: those of lit_ppo.config (a new one is picked up), the model's and the schedulers'."""
+"""Every config dataclass: those of lit_ppo.config (a new one is picked up), the model's, sft's and the schedulers'."""
 
 
 def error_of(capsys, *args: str) -> str:
