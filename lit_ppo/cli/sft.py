@@ -13,6 +13,7 @@ import yaml
 
 from lit_ppo.cli.args import asks_for_help, print_error
 import lit_ppo.config.sft as sft_config
+from lit_ppo.config.checks import type_hints
 from lit_ppo.config.sft import SFTConfig
 from lit_ppo.config.sections import construct
 from lit_ppo.errors import ConfigError
@@ -73,7 +74,10 @@ def sft_overrides(overrides: list[str]) -> tuple[SFTConfig, list[str]]:
             if key == "sft" or key.count(".") != 1:
                 raise ConfigError(f"{key} is not a key: give sft.<key>=value, one of "
                                   f"{', '.join(f'sft.{f.name}' for f in fields(SFTConfig))}")
-            values[key.split(".", 1)[1]] = yaml.safe_load(value) if value else None
+            name = key.split(".", 1)[1]
+            # A text field keeps its text as typed: '{answer}' is a format string, not YAML's mapping.
+            text = type_hints(SFTConfig).get(name) in (str, str | None) and value not in ("", "null", "~")
+            values[name] = value if text else yaml.safe_load(value) if value else None
         else:
             others.append(override)
     return construct(SFTConfig, values, "sft"), others

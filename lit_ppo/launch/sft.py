@@ -124,10 +124,16 @@ def run_sft(run: SFTRun, ckpt_path: str | None = None) -> Path:
         write_file_atomically(run_dir / "config.yaml", lambda f: f.write(text.encode()), "config")
     checkpoints = ModelCheckpoint(dirpath=str(run_dir / "checkpoints") if run_dir else None, monitor="step",
                                   mode="max", save_last=True, **run.checkpoint)
-    trainer = L.Trainer(**run.trainer, max_epochs=run.sft.epochs, max_steps=run.max_steps,
-                        default_root_dir=str(run_dir) if run_dir else None, logger=_loggers(run.logger) or False,
-                        callbacks=[checkpoints, SFTProgress()], enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0, check_val_every_n_epoch=1)
+    # One pass over the run's batches in their order (sft_data.step_batches), so that a resume takes up the
+    # batch after the last one trained; its steps and the test split's evaluations count the epochs.
+    trainer = L.Trainer(**run.trainer, max_epochs=-1, default_root_dir=str(run_dir) if run_dir else None,
+                        logger=_loggers(run.logger) or False, callbacks=[checkpoints, SFTProgress()],
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        check_val_every_n_epoch=None, use_distributed_sampler=False)
+    per_epoch = datamodule.steps_per_epoch(trainer.world_size)  # batches of one rank
+    total = -(-per_epoch // trainer.accumulate_grad_batches) * run.sft.epochs
+    trainer.fit_loop.epoch_loop.max_steps = total if run.max_steps < 0 else min(run.max_steps, total)
+    trainer.val_check_interval = per_epoch
     start_mlflow_runs(trainer, tracked, run_dir)
     for logger in trainer.loggers:  # every setting, under the names fit's runs use, to compare runs by
         logger.log_hyperparams(config_params(yaml.safe_load(text)))

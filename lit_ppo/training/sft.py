@@ -50,7 +50,9 @@ class LitSFT(L.LightningModule):
 
     def configure_optimizers(self):
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        optimizer, scheduler = adamw_with_schedule(params, self.optimizer_cfg, self.trainer.estimated_stepping_batches)
+        # Over trainer.max_steps (the run's steps), not estimated_stepping_batches: that would build the training
+        # batches before a resume has restored the step they start from.
+        optimizer, scheduler = adamw_with_schedule(params, self.optimizer_cfg, self.trainer.max_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
@@ -99,7 +101,7 @@ class SFTProgress(L.Callback):
     split, on rank 0: ``sft step 40/400 loss 1.234 lr 2e-05``, ``sft epoch 1 val_loss 0.987``."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step, total = trainer.global_step, trainer.estimated_stepping_batches
+        step, total = trainer.global_step, trainer.max_steps
         if not trainer.is_global_zero or not (step % max(1, int(total) // 10) == 0 or step == total):
             return
         loss = trainer.callback_metrics.get("sft/loss")
@@ -109,4 +111,5 @@ class SFTProgress(L.Callback):
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         value = trainer.callback_metrics.get("sft/val_loss")
         if trainer.is_global_zero and value is not None and not trainer.sanity_checking:
-            print(f"sft epoch {trainer.current_epoch + 1} val_loss {float(value):.4f}", file=sys.stderr, flush=True)
+            epoch = round(trainer.global_step * trainer.accumulate_grad_batches / trainer.val_check_interval)
+            print(f"sft epoch {epoch} val_loss {float(value):.4f}", file=sys.stderr, flush=True)

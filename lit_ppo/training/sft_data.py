@@ -150,6 +150,38 @@ def sft_examples(tokenizer, problems: Sequence[Problem], cfg: SFTConfig, system_
     return [tokenize(tokenizer, p, cfg, system_prompt, f"the {split} split's row {i}") for i, p in enumerate(problems)]
 
 
+def step_batches(n: int, batch_size: int, epochs: int, shuffle: bool, seed: int, world: int) -> list[list[list[int]]]:
+    """For each of ``world`` ranks, the example indices of each of its batches over the whole run: epoch e
+    is the order ``0..n-1``, permuted with seed ``seed + e`` if ``shuffle``, topped up from its start to a
+    multiple of ``world`` (as a DistributedSampler pads); each step takes its next ``batch_size * world``
+    examples (the epoch's last step fewer), rank r every world-th of them from the r-th. One list for the
+    run, so that a resumed run takes up the very batch after the last one trained."""
+    ranks: list[list[list[int]]] = [[] for _ in range(world)]
+    for epoch in range(epochs):
+        order = (torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist() if shuffle
+                 else list(range(n)))
+        order += order[:-len(order) % world]
+        for start in range(0, len(order), batch_size * world):
+            step = order[start:start + batch_size * world]
+            for rank in range(world):
+                ranks[rank].append(step[rank::world])
+    return ranks
+
+
+class StepBatches(torch.utils.data.Sampler):
+    """The batches of one rank (``step_batches``) from the ``start``-th on. Its length is the whole run's:
+    a resumed Lightning loop counts the batches it restored among those of the epoch it goes on with."""
+
+    def __init__(self, batches: list[list[int]], start: int):
+        self.batches, self.start = batches, start
+
+    def __iter__(self):
+        return iter(self.batches[self.start:])
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
 def collate(examples: list[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded ``input_ids``, ``attention_mask`` and ``loss_mask`` ``[B, T]``."""
     width = max(len(e.input_ids) for e in examples)
@@ -196,14 +228,27 @@ class SFTDataModule(L.LightningDataModule):
         for split, problems in self.problems.items():
             self.examples[split] = sft_examples(tokenizer, problems, self.cfg, self.system_prompt, split)
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.seed)
-        return DataLoader(self.examples[split], batch_size=self.cfg.batch_size, shuffle=shuffle, generator=generator,
-                          collate_fn=lambda batch: collate(batch, self.pad_id))
+    def batches(self, world: int) -> list[list[list[int]]]:
+        """``step_batches`` of the training examples for ``world`` ranks."""
+        return step_batches(len(self.examples["train"]), self.cfg.batch_size, self.cfg.epochs, self.cfg.shuffle,
+                            self.seed, world)
+
+    def steps_per_epoch(self, world: int) -> int:
+        """Optimizer steps of one pass over the training examples on ``world`` ranks (no accumulation)."""
+        return len(self.batches(world)[0]) // self.cfg.epochs
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", self.cfg.shuffle)
+        # Built after a resume has restored the step: the run takes up the batch after the last one trained.
+        trainer = self.trainer
+        start = trainer.global_step * trainer.accumulate_grad_batches
+        sampler = StepBatches(self.batches(trainer.world_size)[trainer.global_rank], start)
+        return DataLoader(self.examples["train"], batch_sampler=sampler,
+                          collate_fn=lambda batch: collate(batch, self.pad_id))
 
     def val_dataloader(self) -> DataLoader | list:
-        return self._loader("test", False) if self.examples.get("test") else []
+        if not self.examples.get("test"):
+            return []
+        trainer = self.trainer
+        shard = self.examples["test"][trainer.global_rank::trainer.world_size]
+        return DataLoader(shard, batch_size=self.cfg.batch_size, collate_fn=lambda batch: collate(batch, self.pad_id))
 

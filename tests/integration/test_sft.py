@@ -92,12 +92,12 @@ def test_bad_sft_input_is_one_line_before_any_model_loads(cli_here, args, line):
 def test_sigterm_ends_the_step_writes_last_ckpt_exits_143_and_the_printed_resume_finishes_the_run(tmp_path):
     write_sums(tmp_path / "sums.jsonl")
     args = [sys.executable, "-m", "lit_ppo", "sft", "logger=none", "data=dataset",
-            "data.task_kwargs.train_path=sums.jsonl", "sft.epochs=16", "sft.batch_size=4"]  # 240 steps
+            "data.task_kwargs.train_path=sums.jsonl", "sft.epochs=8", "sft.batch_size=4"]  # 120 steps
     env = {**os.environ, "LIT_PPO_CACHE": str(tmp_path / "cache")}
     proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         seen = ""
-        while "sft step 24/240" not in seen:  # a line per tenth of the run: it is training
+        while "sft step 12/120" not in seen:  # a line per tenth of the run: it is training
             line = proc.stderr.readline()
             assert line, seen[-3000:]
             seen += line
@@ -108,16 +108,26 @@ def test_sigterm_ends_the_step_writes_last_ckpt_exits_143_and_the_printed_resume
     assert proc.returncode == 143 and "Traceback" not in err, err[-3000:]
     (ckpt,) = tmp_path.glob("runs/*/*/checkpoints/last.ckpt")
     step = torch.load(ckpt, map_location="cpu", weights_only=True)["global_step"]
-    assert 24 <= step < 240
+    assert 12 <= step < 120
     assert f"received SIGTERM: finishing iteration {step}, then writing last.ckpt" in err
     resume = re.search(r"resume with (--ckpt_path \S+)", err).group(1).split()
     assert resume[1] == str(ckpt.absolute()) or resume[1] == str(ckpt.relative_to(tmp_path))
     done = subprocess.run([*args, *resume], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "sft step 240/240" in done.stderr
-    assert sorted(int(torch.load(c, map_location="cpu", weights_only=True)["global_step"])
-                  for c in tmp_path.glob("runs/*/*/checkpoints/last.ckpt")) == [step, 240]
+    assert "sft step 120/120" in done.stderr
+    finals = {int(torch.load(c, map_location="cpu", weights_only=True)["global_step"]): c
+              for c in tmp_path.glob("runs/*/*/checkpoints/last.ckpt")}
+    assert sorted(finals) == [step, 120]
+    # Nothing is lost: the resumed run ends with the weights of a run that was never stopped.
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    write_sums(whole / "sums.jsonl")
+    assert subprocess.run(args, cwd=whole, env=env, capture_output=True, timeout=600).returncode == 0
+    (uninterrupted,) = whole.glob("runs/*/*/checkpoints/last.ckpt")
+    resumed = torch.load(finals[120], map_location="cpu", weights_only=True)["state_dict"]
+    for name, value in torch.load(uninterrupted, map_location="cpu", weights_only=True)["state_dict"].items():
+        torch.testing.assert_close(resumed[name], value, rtol=0, atol=0)
 
 
 def test_sft_under_ddp_splits_the_examples_between_two_ranks(cli):

@@ -13,7 +13,7 @@ from lit_ppo.config.sft import SFTConfig
 from lit_ppo.models import build_tiny_tokenizer, use_chat_template
 from lit_ppo.tasks import build_task
 from lit_ppo.tasks.base import Columns, Problem
-from lit_ppo.training.sft_data import collate, sft_problems, tokenize
+from lit_ppo.training.sft_data import collate, sft_problems, step_batches, tokenize
 
 USER, ASSISTANT, END, SYSTEM = "<|user|>", "<|assistant|>", "<|end|>", "<|system|>"
 
@@ -147,3 +147,15 @@ def test_collate_pads_right_and_keeps_each_mask(tok):
     assert batch["attention_mask"].sum(1).tolist() == [len(a.input_ids), len(b.input_ids)]
     assert batch["loss_mask"].sum(1).tolist() == [2, 3]
     assert batch["loss_mask"].dtype == torch.bool
+
+
+def test_the_runs_batches_are_one_list_over_its_epochs_and_ranks():
+    # In order: each epoch's 5 examples in batches of 2, the last of an epoch short.
+    assert step_batches(5, 2, 2, False, 0, 1) == [[[0, 1], [2, 3], [4], [0, 1], [2, 3], [4]]]
+    # Two ranks: the epoch topped up to 6 from its start, 2 x 1 per step, rank r every second from the r-th.
+    assert step_batches(5, 1, 1, False, 0, 2) == [[[0], [2], [4]], [[1], [3], [0]]]
+    # Shuffled: epoch e is the permutation of seed + e, every example once an epoch.
+    (batches,) = step_batches(6, 4, 2, True, 7, 1)
+    first = torch.randperm(6, generator=torch.Generator().manual_seed(7)).tolist()
+    second = torch.randperm(6, generator=torch.Generator().manual_seed(8)).tolist()
+    assert batches == [first[:4], first[4:], second[:4], second[4:]]
