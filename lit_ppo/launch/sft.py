@@ -64,7 +64,7 @@ def sft_run(tree: dict, sft: SFTConfig, max_steps: int | None) -> SFTRun:
     optimizer = construct(OptimizerConfig, (model.get("actor") or {}).get("optimizer") or {}, "actor.optimizer")
     trainer = dict(tree.get("trainer") or {})
     strategy = trainer.get("strategy")
-    if strategy not in (None, "auto", "ddp") and not str(strategy).startswith("ddp"):
+    if strategy not in (None, "auto") and not str(strategy).startswith("ddp"):
         raise ConfigError(f"trainer.strategy={strategy!r}: sft runs in one process or under trainer=ddp")
     callbacks = trainer.get("callbacks") or []
     saving = next((c.get("init_args") or {} for c in callbacks if isinstance(c, dict)
@@ -99,7 +99,7 @@ def run_sft(run: SFTRun, ckpt_path: str | None = None) -> Path:
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from lit_ppo.run.tracking import config_params, start, start_mlflow_runs
+    from lit_ppo.run.tracking import config_params, launched_as_rank_zero, start, start_mlflow_runs
     from lit_ppo.training.sft import LitSFT, SFTProgress
     from lit_ppo.training.sft_data import SFTDataModule
 
@@ -120,7 +120,7 @@ def run_sft(run: SFTRun, ckpt_path: str | None = None) -> Path:
     text = yaml.safe_dump({"sft": asdict(run.sft), "model": {"model": asdict(run.model),
                                                             "actor": {"optimizer": asdict(run.optimizer)}},
                            "data": data, "trainer": run.trainer, "seed_everything": run.seed}, sort_keys=False)
-    if run_dir is not None:
+    if run_dir is not None and launched_as_rank_zero():  # the other ranks share rank 0's directory
         write_file_atomically(run_dir / "config.yaml", lambda f: f.write(text.encode()), "config")
     checkpoints = ModelCheckpoint(dirpath=str(run_dir / "checkpoints") if run_dir else None, monitor="step",
                                   mode="max", save_last=True, **run.checkpoint)
