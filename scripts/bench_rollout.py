@@ -24,13 +24,13 @@ import time
 
 import torch
 
-from lit_ppo.launch.compose import compose
 from lit_ppo.config import GenerationConfig
-from lit_ppo.training.datamodule import RolloutDataModule
+from lit_ppo.launch.compose import compose
 from lit_ppo.models import load_causal_lm
-from lit_ppo.rollout.engine import SamplingParams
-from lit_ppo.rollout.hf_engine import HFEngine
-from lit_ppo.rollout.workflows import SingleTurnWorkflow
+from lit_ppo.rollout.engines.hf import HFEngine
+from lit_ppo.rollout.engines.protocol import SamplingParams
+from lit_ppo.rollout.episodes.single_turn import SingleTurnWorkflow
+from lit_ppo.training.datamodule import RolloutDataModule
 
 QUESTIONS = ["What is 12 plus 7?", "Name a prime number above 50.", "Spell the word cat backwards.",
              "What is the capital of France?", "Count from one to five.", "What is 9 times 8?"]
@@ -52,7 +52,7 @@ def rollout_workload(source: str, tok) -> tuple[list[list[int]], SamplingParams,
                                gconfig=GenerationConfig(**data["gconfig"]), batch_size=data["batch_size"])
     params = module.sampling_params(tok)
     params.seed = 0
-    workflow = SingleTurnWorkflow(tok, module.task, params)
+    workflow = SingleTurnWorkflow(tok, module.task, params, module.rollout)
     problems = list(module.task.problems("train"))[:module.batch_size]
     return [workflow.prompt_ids(p) for p in problems], params, 1
 
@@ -80,13 +80,14 @@ def main() -> None:
     parser.add_argument("--vllm_dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
                         help="vLLM weight dtypes to time (HF always runs the policy's float32)")
     args = parser.parse_args()
-    from lit_ppo.rollout.vllm_engine import VLLMEngine
+    from lit_ppo.rollout.engines.vllm import VLLMEngine
 
     rows = []
     for source in args.models:
         model, tok = load_causal_lm(source)
         vocab = model.get_output_embeddings().weight.shape[0]
-        workloads = {"decode": lambda: decode_workload(tok, vocab, args), "rollout": lambda: rollout_workload(source, tok)}
+        workloads = {"decode": lambda: decode_workload(tok, vocab, args),
+                     "rollout": lambda: rollout_workload(source, tok)}
         hf_engine = HFEngine(model, tok)
         vllm_engines = {dtype: VLLMEngine(model, tok, seed=0, dtype=dtype) for dtype in args.vllm_dtypes}
         for name in args.workloads:

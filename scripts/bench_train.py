@@ -23,7 +23,8 @@ CONFIGS = {
     "smollm2 (grpo, gsm_symbolic)": ["algo=grpo", "model=smollm2", "data=gsm_symbolic", "data.batch_size=2",
                                      "gconfig.n_samples=4", "gconfig.max_new_tokens=64"],
     "smollm2 bf16-mixed (the same)": ["algo=grpo", "model=smollm2", "data=gsm_symbolic", "data.batch_size=2",
-                                      "gconfig.n_samples=4", "gconfig.max_new_tokens=64", "trainer.precision=bf16-mixed"],
+                                      "gconfig.n_samples=4", "gconfig.max_new_tokens=64",
+                                      "trainer.precision=bf16-mixed"],
 }
 
 CHILD = r"""
@@ -53,7 +54,7 @@ def run(overrides: list[str], steps: int) -> dict:
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, "-c", CHILD, *args], cwd=cwd, capture_output=True, text=True)
         wall = time.perf_counter() - start
-    line = [l for l in proc.stdout.splitlines() if l.startswith("BENCH ")]
+    line = [output for output in proc.stdout.splitlines() if output.startswith("BENCH ")]
     if proc.returncode or not line:
         raise RuntimeError(f"{overrides} failed:\n{proc.stderr[-3000:]}")
     result = json.loads(line[0][6:])

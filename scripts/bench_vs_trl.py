@@ -81,6 +81,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -262,16 +263,16 @@ def prepare_model(name: str, cache: Path) -> Path:
     """``cache/<name>-<recipe>``: the model's Hugging Face directory, built on first use."""
     import torch
 
-    from lit_ppo.models import TinyModelConfig, build_tiny, load_causal_lm, write_hf_files, use_chat_template
+    from lit_ppo.models import TinyModelConfig, build_tiny, load_causal_lm, use_chat_template, write_hf_files
 
     fields, _ = MODELS[name]
     if fields is None:
         final = cache / "smollm2"
-        build = lambda: load_causal_lm("smollm2")  # converted once into lit_ppo's own cache (LIT_PPO_CACHE)
+        build = partial(load_causal_lm, "smollm2")  # converted once into lit_ppo's own cache (LIT_PPO_CACHE)
     else:
         cfg = TinyModelConfig(**fields)
         final = cache / f"{name}-{cfg.cache_name()}"
-        build = lambda: build_tiny(cfg, cache_dir=cache / ".lit_ppo", dtype=torch.float32)
+        build = partial(build_tiny, cfg, cache_dir=cache / ".lit_ppo", dtype=torch.float32)
     if (final / "config.json").is_file():
         return final
     model, tokenizer = build()
@@ -391,7 +392,10 @@ def combine(runs: list[dict], warmup: int) -> dict | None:
     ok = [summarize(r, warmup) for r in runs if "iterations" in r]
     if not ok:
         return None
-    med = lambda k: statistics.median(s[k] for s in ok)
+
+    def med(key):
+        return statistics.median(s[key] for s in ok)
+
     return {"s_per_it": med("s_per_it"), "tok_s": med("tok_s"), "rss": med("rss"), "length": med("length"),
             "generate": med("generate"), "train": med("train"), "gap": med("gap"),
             "reward": statistics.mean(s["reward"] for s in ok), "runs": len(ok), "failed": len(runs) - len(ok)}
@@ -410,19 +414,26 @@ def table(results: dict, warmup: int) -> str:
              "| lit_ppo tok/s | TRL tok/s | lit/TRL | lit_ppo peak RSS MB | TRL peak RSS MB | lit/TRL "
              "| mean length lit / TRL | reward (last half) lit / TRL | runs lit / TRL |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def g(s, k):
+        return None if s is None else s[k]
+
+    def runs(s, rs):
+        done = 0 if s is None else s["runs"]
+        return f"{done}" + (f" ({len(rs) - done} failed)" if s is None or s["failed"] else "")
+
     for (model, precision, gc), entry in results.items():
         P, G, T = MODELS[model][1]
         lit, trl = combine(entry["lit"], warmup), combine(entry["trl"], warmup)
-        g = lambda s, k: None if s is None else s[k]
-        runs = lambda s, rs: f"{0 if s is None else s['runs']}" + (
-            f" ({len(rs) - (0 if s is None else s['runs'])} failed)" if s is None or s["failed"] else "")
         lines.append(
-            f"| {model} | {P}x{G}x{T} | {precision} | {gc} | {fmt(g(lit, 's_per_it'))} | {fmt(g(trl, 's_per_it'))} | "
-            f"{ratio(g(lit, 's_per_it'), g(trl, 's_per_it'))} | {fmt(g(lit, 'tok_s'), '.0f')} | "
-            f"{fmt(g(trl, 'tok_s'), '.0f')} | {ratio(g(lit, 'tok_s'), g(trl, 'tok_s'))} | {fmt(g(lit, 'rss'), '.0f')} | "
+            f"| {model} | {P}x{G}x{T} | {precision} | {gc} | {fmt(g(lit, 's_per_it'))} | "
+            f"{fmt(g(trl, 's_per_it'))} | {ratio(g(lit, 's_per_it'), g(trl, 's_per_it'))} | "
+            f"{fmt(g(lit, 'tok_s'), '.0f')} | {fmt(g(trl, 'tok_s'), '.0f')} | "
+            f"{ratio(g(lit, 'tok_s'), g(trl, 'tok_s'))} | {fmt(g(lit, 'rss'), '.0f')} | "
             f"{fmt(g(trl, 'rss'), '.0f')} | {ratio(g(lit, 'rss'), g(trl, 'rss'))} | "
             f"{fmt(g(lit, 'length'), '.1f')} / {fmt(g(trl, 'length'), '.1f')} | "
-            f"{fmt(g(lit, 'reward'))} / {fmt(g(trl, 'reward'))} | {runs(lit, entry['lit'])} / {runs(trl, entry['trl'])} |")
+            f"{fmt(g(lit, 'reward'))} / {fmt(g(trl, 'reward'))} | "
+            f"{runs(lit, entry['lit'])} / {runs(trl, entry['trl'])} |")
     return "\n".join(lines)
 
 
@@ -432,7 +443,10 @@ def lit_phases(lit_runs: dict, warmup: int) -> str:
              "|---|---|---|---|---|---|"]
     for (model, precision), runs in lit_runs.items():
         lit = combine(runs, warmup)
-        g = lambda k: None if lit is None else lit[k]
+
+        def g(k):
+            return None if lit is None else lit[k]
+
         lines.append(f"| {model} | {precision} | {fmt(g('s_per_it'))} | {fmt(g('generate'), '.2f')} | "
                      f"{fmt(g('train'), '.2f')} | {fmt(g('gap'), '.2g')} |")
     return "\n".join(lines)
@@ -510,7 +524,8 @@ def main() -> None:
     for (m, p, gc), entry in results.items():
         entry["lit"] = lit_runs[(m, p)]
 
-    header = [f"lit_ppo {version('lit_ppo')} vs TRL {trl.__version__} GRPOTrainer (transformers {version('transformers')}, "
+    header = [f"lit_ppo {version('lit_ppo')} vs TRL {trl.__version__} GRPOTrainer "
+              f"(transformers {version('transformers')}, "
               f"torch {version('torch')}); {args.threads} CPU thread(s) per process, one process at a time, "
               f"{reps} interleaved run(s) per configuration, medians after "
               f"{args.warmup} warm-up iteration(s); 1-minute load average {os.getloadavg()[0]:.1f} at the end",
@@ -532,7 +547,8 @@ def main() -> None:
 
 
 def version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version as v
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as v
 
     try:
         return v(package)

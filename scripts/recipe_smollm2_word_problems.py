@@ -8,11 +8,11 @@ test accuracy, the recipe's fit for each seed, the figure and the numbers of the
 Every command is the recipe's own, ``python -m lit_ppo <validate|fit> recipe=smollm2_word_problems seed=S
 [key=value ...]``, run as a subprocess in a temporary directory with its own MLflow store, one at a time:
 first ``validate`` (greedy, so one baseline serves every seed; its printed score is read), then one ``fit``
-per seed. The fits' metrics are read back from MLflow with their timestamps: ``eval/accuracy`` (greedy, held-out test problems) and
-``rollout/reward_mean`` against iteration and against minutes since the run started; the sample
-completions are the CompletionSamples artifacts of the first and the last logged iteration, and the greedy
-completions of the first test problems by the untrained model and by each run's exported model
-(``<run dir>/model``, loaded with transformers as any user of the export would). Peak memory
+per seed. The fits' metrics are read back from MLflow with their timestamps: ``eval/accuracy`` (greedy,
+held-out test problems) and ``rollout/reward_mean`` against iteration and against minutes since the run
+started; the sample completions are the CompletionSamples artifacts of the first and the last logged
+iteration, and the greedy completions of the first test problems by the untrained model and by each run's
+exported model (``<run dir>/model``, loaded with transformers as any user of the export would). Peak memory
 is the child's maximum resident set size (``os.wait4``). Extra ``key=value`` arguments go to every
 command (for a shorter check: ``trainer.max_steps=2 trainer.val_check_interval=1 eval.max_problems=8``).
 
@@ -211,8 +211,8 @@ def report(results: dict, baseline: float, output: Path) -> None:
         print(f"| {seed} | {baseline:.3f} | {curve} | {gains[seed]:+.3f} | {per_iteration:.0f} | "
               f"{r['wall_s'] / 60:.1f} min | {r['peak_rss_gib']:.1f} GiB |")
     print(f"\n{len(gains)} seeds: mean gain {statistics.mean(gains.values()):+.3f}, smallest "
-          f"{min(gains.values()):+.3f} (seed {min(gains, key=gains.get)}), on {next(iter(results.values()))['eval_problems']} "
-          "held-out problems, greedy")
+          f"{min(gains.values()):+.3f} (seed {min(gains, key=gains.get)}), "
+          f"on {next(iter(results.values()))['eval_problems']} held-out problems, greedy")
     print("\nWhere an iteration's time goes (medians over its iterations; completions/s: the completions the phase "
           "generated or trained on, per second):\n")
     print("| seed | generated | generate s | generated/s | trained | update s | trained/s | weight push s |")
@@ -227,7 +227,8 @@ def report(results: dict, baseline: float, output: Path) -> None:
         for when, rows in r.get("greedy", {}).items():
             print(f"\nseed {seed}, greedy test completions {when} training:")
             for row in rows:
-                print(f"  {'right' if row['correct'] else 'wrong'} ({row['answer']}): {row['completion'].strip()[:300]!r}")
+                verdict = "right" if row["correct"] else "wrong"
+                print(f"  {verdict} ({row['answer']}): {row['completion'].strip()[:300]!r}")
         for path, logged in r["samples"].items():
             print(f"\nseed {seed}, {path} (iteration {logged['iteration']}):")
             for row in logged["rows"][:3]:

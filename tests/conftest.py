@@ -11,10 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-
 SHARED_SESSION_FIXTURES = {
     "smollm2_cache": ["tests/integration/test_shipped_configs.py", "tests/integration/test_smollm2.py",
-                      "tests/unit/rollout/test_vllm_engine.py"],
+                      "tests/unit/rollout/engines/test_vllm.py"],
     "demo_run": ["tests/integration/test_evaluation.py", "tests/integration/test_export.py",
                  "tests/integration/test_run_outputs.py", "tests/integration/test_sync_path_unchanged.py"],
 }
@@ -52,7 +51,7 @@ def no_model_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the config error was reported")
 
-    monkeypatch.setattr("lit_ppo.training.module.load_causal_lm", refuse)
+    monkeypatch.setattr("lit_ppo.models.policy.load_causal_lm", refuse)
 
 
 @pytest.fixture(scope="session")

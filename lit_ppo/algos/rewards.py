@@ -13,7 +13,8 @@ def overlong_penalty(lengths: torch.Tensor, *, max_new_tokens: int, overlong_tok
     min(-(L - (L_max - L_ov)) / L_ov * factor, 0), with L the number of generated tokens.
     """
     if overlong_tokens <= 0 or overlong_tokens > max_new_tokens:
-        raise ValueError(f"overlong_tokens={overlong_tokens} is invalid: must be in [1, max_new_tokens={max_new_tokens}]")
+        raise ValueError(
+            f"overlong_tokens={overlong_tokens} is invalid: must be in [1, max_new_tokens={max_new_tokens}]")
     excess = lengths.float() - (max_new_tokens - overlong_tokens)
     return torch.clamp(-excess / overlong_tokens * factor, max=0.0)
 

@@ -1,7 +1,7 @@
-"""Layer 8, the command line: ``python -m lit_ppo fit|validate|test|sft|export|compare|sweep``. Each
+"""Layer 9, the command line: ``python -m lit_ppo fit|validate|test|sft|export|compare|sweep``. Each
 subcommand parses and checks its arguments, reports a mistake as one line (exit code 2) and calls the
-layers below (``fit``, ``validate`` and ``test`` the verbs of ``lit_ppo.launch``); nothing below imports
-from here.
+layers below (``fit``, ``validate``, ``test`` and ``sft`` the verbs of ``lit_ppo.launch``, each outcome
+reported by ``reporting``); nothing below imports from here.
 
 ``SUBCOMMANDS`` names each subcommand's module, which ``main`` imports only to run it: ``python -m
 lit_ppo --help`` loads none of them, and ``compare`` loads no Lightning."""

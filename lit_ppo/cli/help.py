@@ -24,12 +24,28 @@ from omegaconf.errors import OmegaConfBaseException
 
 from lit_ppo.cli import PROG, SUBCOMMANDS
 from lit_ppo.cli.args import print_error
-from lit_ppo.launch.explain import explain_hydra_error
-from lit_ppo.launch.presets import (EVALUATING, conf_dir, follow_sampling_temperature, group_options, groups,
-                                    is_group, register_resolvers, typed_overrides)
 from lit_ppo.config.keys import ROLLOUT_KEYS
 from lit_ppo.errors import ConfigError
-from lit_ppo.utils.source_docs import NO_DEFAULT, FieldDoc, args_section, class_doc, dataclass_fields, method_doc, summary
+from lit_ppo.launch.explain import explain_hydra_error
+from lit_ppo.launch.presets import (
+    EVALUATING,
+    conf_dir,
+    follow_sampling_temperature,
+    group_options,
+    groups,
+    is_group,
+    register_resolvers,
+    typed_overrides,
+)
+from lit_ppo.utils.source_docs import (
+    NO_DEFAULT,
+    FieldDoc,
+    args_section,
+    class_doc,
+    dataclass_fields,
+    method_doc,
+    summary,
+)
 
 PACKAGE = Path(__file__).resolve().parents[1]
 """The lit_ppo package directory, whose source files hold the docs."""

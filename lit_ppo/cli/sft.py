@@ -1,26 +1,27 @@
 """``python -m lit_ppo sft [group=option ...] [key=value ...]``: supervised fine-tuning in fit's config
-system (``lit_ppo.launch.sft``). The ``sft.*`` keys are its own; every other override composes as fit's
-does, so ``model=``, ``data=``, ``trainer=``, ``logger=`` and ``actor.optimizer.*`` mean what they mean
-there. Every outcome is one line and an exit code: 0 done, 2 bad input, 1 a failure, 128 + the signal."""
+system, through fit's door (``lit_ppo.launch.run.sft``). The ``sft.*`` keys are its own; every other
+override composes as fit's does, so ``model=``, ``data=``, ``trainer=``, ``logger=`` and
+``actor.optimizer.*`` mean what they mean there. Every outcome is one line and an exit code, as fit's:
+0 done, 2 bad input, 1 a failure, 128 + the signal."""
 
 from __future__ import annotations
 
-import traceback
 from dataclasses import fields
 from pathlib import Path
 
 import yaml
 
-from lit_ppo.cli.args import asks_for_help, print_error
 import lit_ppo.config.sft as sft_config
+from lit_ppo.cli.args import asks_for_help, print_error
+from lit_ppo.cli.reporting import launched, reported
 from lit_ppo.config.checks import type_hints
-from lit_ppo.config.sft import SFTConfig
 from lit_ppo.config.sections import construct
+from lit_ppo.config.sft import SFTConfig
 from lit_ppo.errors import ConfigError
 from lit_ppo.launch.compose import compose_run
+from lit_ppo.launch.sft import sft_tree
 from lit_ppo.utils.flags import flag_value, split_arguments
 from lit_ppo.utils.source_docs import dataclass_fields, summary
-from lit_ppo.utils.stop_requests import exit_code, received_signal
 
 USAGE = "python -m lit_ppo sft [group=option ...] [key=value ...] [sft.key=value ...] [--ckpt_path CKPT]"
 
@@ -36,33 +37,23 @@ def main(argv: list[str]) -> int:
         unknown = [f for f in flags if f != ckpt_path and f.split("=", 1)[0] != "--ckpt_path"]
         if unknown:
             raise ConfigError(f"sft takes key=value overrides and --ckpt_path, not {unknown[0]}: usage: {USAGE}")
-        if ckpt_path is not None and not Path(ckpt_path).is_file():
-            raise ConfigError(f"--ckpt_path {ckpt_path}: no such checkpoint file")
         sft, others = sft_overrides(overrides)
         given = [o.split("=", 1)[1] for o in others if o.lstrip("+").split("=", 1)[0] == "trainer.max_steps"]
         max_steps = yaml.safe_load(given[-1]) if given else None  # the last one, as Hydra takes it
         tree, scheduler = compose_run(others)
         if scheduler is not None:
             raise ConfigError("sft runs in this process: the scheduler group (scheduler=slurm, scheduler=ray) is fit's")
-        # torch, Lightning and the models: once the config composes
-        from lit_ppo.launch.lightning_cli import quiet_expected_output
-        from lit_ppo.launch.sft import run_sft, sft_run
-
-        quiet_expected_output()
-
-        run = sft_run(tree, sft, max_steps)
-        run_sft(run, ckpt_path)
-        signum = received_signal()
-        if signum is not None:  # GracefulStop wrote last.ckpt and said how to resume
-            return exit_code(signum)
     except ConfigError as e:
         print_error(str(e))
         return 2
-    except Exception as e:  # a failure of the run itself: its traceback, then its one line
-        traceback.print_exc()
-        print_error(f"sft failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-        return 1
-    return 0
+    tree = sft_tree(tree, sft, max_steps)
+
+    def fine_tune() -> None:
+        from lit_ppo.launch.run import sft as fine_tuned  # torch, Lightning and the models: once the config composes
+
+        fine_tuned(tree, ckpt_path, overrides=others)
+
+    return reported("sft", lambda: launched(argv, fine_tune))
 
 
 def sft_overrides(overrides: list[str]) -> tuple[SFTConfig, list[str]]:

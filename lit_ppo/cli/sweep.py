@@ -39,9 +39,9 @@ from hydra.errors import HydraException
 
 from lit_ppo.cli import usage
 from lit_ppo.cli.args import ArgParser, asks_for_help, print_error
-from lit_ppo.launch.presets import conf_dir, group_options
-from lit_ppo.launch.explain import explain_hydra_error
 from lit_ppo.errors import ConfigError, RunStopped
+from lit_ppo.launch.explain import explain_hydra_error
+from lit_ppo.launch.presets import conf_dir, group_options
 from lit_ppo.run.compare import REWARD, check_output, compare
 from lit_ppo.run.mlflow_store import check_mlflow_importable
 from lit_ppo.utils.flags import split_arguments
@@ -53,7 +53,7 @@ PR_SET_PDEATHSIG = 1
 FOLLOW_INTERVAL_S = 0.1
 """How often the running fit's stderr is read for new lines."""
 RUN_ID_LINE = re.compile(r"^mlflow run id: (\S+) \((.*), experiment .*\)$")
-"""What a fit prints on stderr once its MLflow run exists (lit_ppo.run.tracking.start_mlflow_runs)."""
+"""What a fit prints on stderr once its MLflow run exists (lit_ppo.run.tracked_run.start_mlflow_runs)."""
 
 
 @dataclass
@@ -106,7 +106,7 @@ def check(combinations: list[Combination]) -> None:
     # Lightning loads with the checks: only once the flags parse, so that --help and a flag's mistake print at once.
     from lit_ppo.launch.compose import compose
     from lit_ppo.launch.run import check as check_fit
-    from lit_ppo.run.tracking import _mlflow_loggers
+    from lit_ppo.run.loggers import mlflow_loggers
 
     for i, combination in enumerate(combinations, 1):
         where = f"[{i}/{len(combinations)}] {combination.label or 'fit'}"
@@ -117,7 +117,7 @@ def check(combinations: list[Combination]) -> None:
                 check_fit(tree)
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
-        if not _mlflow_loggers(tree["trainer"].get("logger")):
+        if not mlflow_loggers(tree["trainer"].get("logger")):
             raise ConfigError(f"{where}: the logger tracks no MLflow run and a sweep compares MLflow runs: "
                               f"leave logger=mlflow (the default)")
 
@@ -228,9 +228,9 @@ def sweep(args: list[str]) -> int:
     options = parser().parse_args(flags)
     if not overrides:
         raise ConfigError(f"nothing to sweep: give key=a,b overrides ({USAGE})")
-    from lit_ppo.run.tracking import _component, run_name  # Lightning: once the flags parse, as in check
+    from lit_ppo.run.run_dir import as_file_name, run_name  # Lightning: once the flags parse, as in check
     experiment = options.experiment or run_name("sweep")
-    output = options.output or f"{_component(experiment)}.png"
+    output = options.output or f"{as_file_name(experiment)}.png"
     check_output(output)
     check_mlflow_importable()  # every fit tracks to MLflow
     combinations = expand(overrides)

@@ -2,7 +2,8 @@
 
 Field names, types and defaults follow AReaL (docs/algorithms.md#differences-from-areal); every field is validated in
 ``__post_init__``, against its declared type (``check_fields``, shared by every config section) and then
-its range, and an error names the field, the bad value and what is allowed.
+its range, and an error names the field, the bad value and what is allowed. The settings one policy loss
+needs are checked by the rule registered with the loss (``lit_ppo.algos.checks.check_names``).
 """
 
 from __future__ import annotations
@@ -356,25 +357,6 @@ class PPOActorConfig:
         if self.use_sapo_loss:
             self.policy_loss = "sapo"
         self.use_sapo_loss = self.policy_loss == "sapo"
-        if self.use_sapo_loss:
-            check_number("sapo_tau_pos", self.sapo_tau_pos, low=0.0, low_open=True)
-            check_number("sapo_tau_neg", self.sapo_tau_neg, low=0.0, low_open=True)
-            if self.use_decoupled_loss:
-                fail("use_decoupled_loss", True, "false with SAPO (use_sapo_loss / policy_loss='sapo')")
-
-        if self.policy_loss == "cispo":  # the IS weight's band [1 - eps_clip, 1 + eps_clip_higher], per token
-            if self.eps_clip_higher is None or self.eps_clip_higher <= 0:
-                fail("eps_clip_higher", self.eps_clip_higher, "> 0 with policy_loss='cispo' (the upper bound "
-                                                              "1 + eps_clip_higher of the importance weight)")
-            if self.c_clip is not None:
-                fail("c_clip", self.c_clip, "null with policy_loss='cispo' (it clips no loss)")
-        if self.policy_loss in ("cispo", "gpg") and self.importance_sampling_level != "token":
-            fail("importance_sampling_level", self.importance_sampling_level,
-                 f"'token' with policy_loss={self.policy_loss!r} (its loss is on each token's log-prob)")
-
-        if self.policy_loss == "gmpo" and self.importance_sampling_level != "sequence":
-            fail("importance_sampling_level", self.importance_sampling_level,
-                 "'sequence' with policy_loss='gmpo' (its ratio is the geometric mean of the clipped token ratios)")
         check_choice("prox_logp_method", self.prox_logp_method, PROX_LOGP_METHODS)
         if self.prox_logp_method != "recompute" and not self.use_decoupled_loss:
             fail("prox_logp_method", self.prox_logp_method, "'recompute' without use_decoupled_loss=true (there is "

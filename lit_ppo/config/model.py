@@ -63,7 +63,8 @@ class ModelConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"model.dtype={self.dtype!r} is invalid: must be one of {', '.join(map(repr, DTYPES))}")
         if not isinstance(self.logprob_chunk_size, int) or self.logprob_chunk_size < 1:
-            raise ValueError(f"model.logprob_chunk_size={self.logprob_chunk_size!r} is invalid: must be a positive integer")
+            raise ValueError(f"model.logprob_chunk_size={self.logprob_chunk_size!r} is invalid: "
+                             "must be a positive integer")
         template = self.chat_template
         if template is not None and (not isinstance(template, str) or not template.strip()):
             raise ValueError(f"model.chat_template={self.chat_template!r} is invalid: must be a non-empty Jinja "

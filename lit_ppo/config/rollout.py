@@ -16,11 +16,12 @@ from lit_ppo.config.keys import typed_key
 from lit_ppo.config.model import DTYPES
 
 ENGINES = ("hf", "vllm")
-"""Rollout engines: 'hf' (transformers, ``lit_ppo.rollout.hf_engine``) or 'vllm' (``lit_ppo.rollout.vllm_engine``)."""
+"""Rollout engines: 'hf' (transformers, ``lit_ppo.rollout.engines.hf``) or 'vllm' (``lit_ppo.rollout.engines.vllm``)."""
 HF_ENGINE_KWARGS = ("max_batch_size", "dtype", "autocast")
 """The settings of the HF engine (``rollout.engine_kwargs`` of ``rollout=hf``)."""
 TOOL_FORMATS = ("auto", "hermes", "json")
-"""How an agent's client writes tool calls (``lit_ppo.rollout.tool_calls``); 'auto' reads it off the chat template."""
+"""How an agent's client writes tool calls (``lit_ppo.rollout.episodes.tool_calls``); 'auto' reads it off the chat
+template."""
 DRIFT_RULES = ("share", "last", "error")
 """What an agent's call whose chat template re-renders the earlier turns differently does (``data.on_drift``)."""
 INVALID_REWARD_ACTIONS = ("error", "drop")
@@ -36,18 +37,6 @@ def precision_problem(dtype: Any, autocast: Any, prefix: str = "") -> str | None
     if autocast not in (None, "bfloat16", "float16"):
         return f"{prefix}autocast={autocast!r} is invalid: must be 'bfloat16', 'float16' or null"
     return None
-
-
-def check_invalid_reward_action(value: Any, prefix: str = "") -> None:
-    """ValueError naming ``on_invalid_reward`` (with ``prefix``, e.g. 'data.') unless it is allowed."""
-    check_choice(f"{prefix}on_invalid_reward", value, INVALID_REWARD_ACTIONS)
-
-
-def check_turn_settings(max_turns: Any, turn_discount: Any, prefix: str = "") -> None:
-    """ValueError naming ``max_turns`` / ``turn_discount`` (with ``prefix``, e.g. 'data.') if invalid."""
-    check_positive_int(f"{prefix}max_turns", max_turns)
-    if not is_number(turn_discount) or not 0.0 < turn_discount <= 1.0:
-        fail(f"{prefix}turn_discount", turn_discount, "a number in (0, 1]")
 
 
 @dataclass
@@ -141,8 +130,10 @@ class RolloutConfig:
         check_choice("data.engine", self.engine, ENGINES)
         check_positive_int("data.batch_size", self.batch_size)
         check_positive_int("data.max_attempts_factor", self.max_attempts_factor)
-        check_turn_settings(self.max_turns, self.turn_discount, prefix="data.")
-        check_invalid_reward_action(self.on_invalid_reward, prefix="data.")
+        check_positive_int("data.max_turns", self.max_turns)
+        if not is_number(self.turn_discount) or not 0.0 < self.turn_discount <= 1.0:
+            fail("data.turn_discount", self.turn_discount, "a number in (0, 1]")
+        check_choice("data.on_invalid_reward", self.on_invalid_reward, INVALID_REWARD_ACTIONS)
         check_positive_int("data.episodes_in_flight", self.episodes_in_flight)
         if not self.episode_timeout_s > 0:
             fail("data.episode_timeout_s", self.episode_timeout_s, "a number of seconds > 0")

@@ -5,9 +5,10 @@ config groups and keys as ``fit``."""
 from __future__ import annotations
 
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from lit_ppo.config.checks import check_fields, check_positive_int, fail
+from lit_ppo.config import OptimizerConfig
+from lit_ppo.config.checks import as_config, check_fields, check_positive_int, fail
 
 
 @dataclass
@@ -46,3 +47,15 @@ class SFTConfig:
             if not fields_used:
                 fail("sft.completion_template", template, "a format string naming a field, e.g. "
                                                           "'<answer>{answer}</answer>'")
+
+
+@dataclass
+class SFTActorConfig:
+    """The ``actor`` section as sft reads it: what trains the policy, under fit's keys."""
+
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """AdamW and its schedule (``actor.optimizer.*``), over the run's optimizer steps."""
+
+    def __post_init__(self) -> None:
+        self.optimizer = as_config(OptimizerConfig, "optimizer", self.optimizer)
+        check_fields(self, "actor")

@@ -3,7 +3,8 @@ mistake one line naming the key the user typed and what is allowed: the config s
 run builds them, the task's data included), the seeds, the logger and its run name, and Lightning's own
 arguments (names, ``max_steps``, the accelerator / devices / strategy / precision combination on this
 machine, the callbacks). Every front door's ``fit``, ``validate`` and ``test`` (whatever their input), and
-each combination of a ``sweep``, come here through ``lit_ppo.launch.run.check``.
+each combination of a ``sweep``, come here through ``lit_ppo.launch.run.check``; ``sft`` through
+``check_sft_config``.
 """
 
 from __future__ import annotations
@@ -18,15 +19,18 @@ import lightning as L
 from lightning.pytorch.accelerators import AcceleratorRegistry
 
 from lit_ppo.algos.checks import check_names
-from lit_ppo.launch.presets import EVALUATING
-from lit_ppo.config import check_value, type_hints, typed_key
+from lit_ppo.config import ModelConfig, check_value, type_hints, typed_key
 from lit_ppo.config.keys import foreign_key_hint
-from lit_ppo.config.sections import actor_rollout_problem, check_sections
+from lit_ppo.config.sections import actor_rollout_problem, check_sections, construct
+from lit_ppo.config.sft import SFTActorConfig, SFTConfig
 from lit_ppo.errors import ConfigError
-from lit_ppo.models import MODEL_SOURCES, model_dir_problem, teacher_problem
-from lit_ppo.rollout.workflows import task_name
-from lit_ppo.run.tracking import RANK_ENV, run_name
+from lit_ppo.launch.presets import EVALUATING
+from lit_ppo.models import MODEL_SOURCES, load_policy_tokenizer, model_dir_problem, teacher_problem
+from lit_ppo.run.processes import RANK_ENV
+from lit_ppo.run.run_dir import run_name
+from lit_ppo.tasks.base import task_name
 from lit_ppo.training.datamodule import RolloutDataModule
+from lit_ppo.training.sft_data import SFTDataModule
 from lit_ppo.utils.imports import import_object
 from lit_ppo.utils.text import did_you_mean
 
@@ -64,10 +68,7 @@ def _check_run_names(trainer: dict) -> None:
 def check_config(tree: dict, subcommand: str = "fit") -> None:
     """Check a LightningCLI tree for ``subcommand`` before anything is instantiated (no model is loaded)."""
     actor, _, model_cfg, gconfig, eval_cfg = check_sections(tree, check_actor=check_names)
-    if model_cfg.source not in MODEL_SOURCES:
-        problem = model_dir_problem(model_cfg.source)
-        if problem is not None:
-            raise ConfigError(f"model.source={model_cfg.source} {problem}")
+    _check_model_source(model_cfg)
     if model_cfg.teacher is not None:
         if not (actor.kl_ctl > 0 or actor.kl_loss_coef > 0):
             raise ConfigError(f"model.teacher={model_cfg.teacher} needs actor.kl_ctl > 0 or actor.kl_loss_coef > 0: "
@@ -110,6 +111,44 @@ def check_config(tree: dict, subcommand: str = "fit") -> None:
         _check_run_names(tree.get("trainer") or {})
 
 
+def check_sft_config(tree: dict) -> None:
+    """Check the sft job's LightningCLI tree (``lit_ppo.launch.sft.sft_tree``) before anything is instantiated:
+    the model and ``actor`` sections, the strategy, the examples (each tokenised by the model's tokenizer; no
+    weights load), then the trainer, logger and run names as a fit's."""
+    model = tree.get("model") or {}
+    model_cfg = construct(ModelConfig, model.get("model") or {}, "model")
+    _check_model_source(model_cfg)
+    if model_cfg.teacher is not None:
+        raise ConfigError(f"model.teacher={model_cfg.teacher} is fit's (algo=opd, algo=kdrl): sft trains on the "
+                          f"examples' completions")
+    construct(SFTActorConfig, model.get("actor") or {}, "actor")
+    trainer = tree.get("trainer") or {}
+    strategy = trainer.get("strategy")
+    if strategy not in (None, "auto") and not str(strategy).startswith("ddp"):
+        raise ConfigError(f"trainer.strategy={strategy!r}: sft runs in one process or under trainer=ddp")
+    data = dict(tree.get("data") or {})
+    try:  # reads the examples (no model): bad data is one line
+        datamodule = SFTDataModule(**{**data, "sft": construct(SFTConfig, data.get("sft") or {}, "sft")})
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
+    _check_logger(trainer)
+    check_trainer_args(trainer, manual_optimization=False)
+    _check_launch_environment(trainer)
+    _check_run_names(trainer)
+    try:  # every example, last: the tokenizer is the first thing loaded
+        datamodule.tokenize(load_policy_tokenizer(model_cfg))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _check_model_source(model_cfg: ModelConfig) -> None:
+    """A ``model.source`` that is a directory Hugging Face cannot load as a causal LM."""
+    if model_cfg.source not in MODEL_SOURCES:
+        problem = model_dir_problem(model_cfg.source)
+        if problem is not None:
+            raise ConfigError(f"model.source={model_cfg.source} {problem}")
+
+
 def _check_launch_environment(trainer: dict) -> None:
     """A process rank other than 0 (or a world of several processes) left in the environment by another
     launch, for a config that runs one process: Lightning would take this process for that rank, keep it
@@ -147,15 +186,16 @@ MANUAL_OPTIMIZATION_SETTINGS = {
 argument -> (the values that ask nothing of it, lit_ppo's own setting)."""
 
 
-def check_trainer_args(trainer: dict) -> None:
-    """Check Lightning's own arguments without building a model: names, ``max_steps``, the
+def check_trainer_args(trainer: dict, manual_optimization: bool = True) -> None:
+    """Check Lightning's own arguments without building a model: names, what a module that steps its
+    optimizers itself cannot honour (``manual_optimization``: LitPPO's), ``max_steps``, the
     accelerator / devices / strategy / precision combination on this machine, and the callbacks."""
     allowed = list(inspect.signature(L.Trainer.__init__).parameters)[1:]
     for name in trainer:
         if name not in allowed:
             raise ConfigError(f"trainer.{name} is not a key"
                               f"{foreign_key_hint(name) or did_you_mean(name, allowed, prefix='trainer.')}")
-    for name, value in trainer.items():
+    for name, value in trainer.items() if manual_optimization else ():
         if name in MANUAL_OPTIMIZATION_SETTINGS and value not in MANUAL_OPTIMIZATION_SETTINGS[name][0]:
             raise ConfigError(f"trainer.{name}={value!r} cannot be honoured: lit_ppo steps its optimizers itself "
                               f"(Lightning's manual optimization), {MANUAL_OPTIMIZATION_SETTINGS[name][1]}")

@@ -22,17 +22,26 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from lit_ppo.launch.explain import explain_hydra_error
-from lit_ppo.launch.presets import (conf_dir, follow_sampling_temperature, given_task_kwargs, group_options, is_group,
-                                 keep_taken_task_kwargs, real_model_choices, register_resolvers, typed_overrides)
 from lit_ppo.config import EvalConfig, GenerationConfig, ModelConfig, PPOActorConfig, PPOCriticConfig, type_hints
-from lit_ppo.config.rollout import DATA_KEYS, DATA_SECTIONS
 from lit_ppo.config.checkpoint import CheckpointConfig
-from lit_ppo.config.samples import SamplesConfig
 from lit_ppo.config.keys import ROLLOUT_KEYS, SECTIONS, foreign_key_hint, lightning_path, typed_key
+from lit_ppo.config.rollout import DATA_KEYS, DATA_SECTIONS
+from lit_ppo.config.samples import SamplesConfig
 from lit_ppo.config.scheduler import JobConfig, RayConfig, SlurmConfig, scheduler_config
 from lit_ppo.config.sections import construct
 from lit_ppo.errors import ConfigError
+from lit_ppo.launch.explain import explain_hydra_error
+from lit_ppo.launch.presets import (
+    conf_dir,
+    follow_sampling_temperature,
+    given_task_kwargs,
+    group_options,
+    is_group,
+    keep_taken_task_kwargs,
+    real_model_choices,
+    register_resolvers,
+    typed_overrides,
+)
 from lit_ppo.utils.text import closest, did_you_mean, one_of
 
 

@@ -9,13 +9,14 @@ import warnings
 from typing import Any
 
 import torch.distributed as dist
+from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI
 
+from lit_ppo.errors import RunStopped
 from lit_ppo.launch.presets import EVALUATING
 from lit_ppo.launch.user_exit import user_exit_message
-from lit_ppo.errors import RunStopped
-from lit_ppo.run.tracking import TrackedConfig, end_started_runs, start, start_mlflow_runs
+from lit_ppo.run.tracked_run import TrackedConfig, end_started_runs, start, start_mlflow_runs
 from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.training.module import LitPPO
 from lit_ppo.utils.quiet import quiet_dependencies
@@ -44,17 +45,21 @@ def quiet_expected_output() -> None:
 
 
 class LitPPOCLI(LightningCLI):
-    """LitPPO and RolloutDataModule under LightningCLI: ``fit`` starts the run's directory and tracking
-    before any model loads; ``validate`` and ``test`` record nothing and print the scores; user code
-    that exits and collectives that lose a rank are failures of one line (RunStopped).
+    """A job's LightningModule and data module under LightningCLI (LitPPO and RolloutDataModule, or another
+    job's, such as sft's LitSFT and SFTDataModule): ``fit`` starts the run's directory and tracking before
+    any model loads; ``validate`` and ``test`` record nothing and print the scores; user code that exits
+    and collectives that lose a rank are failures of one line (RunStopped).
 
     Args:
         args: LightningCLI's arguments, the subcommand first.
+        model_class: the job's LightningModule.
+        datamodule_class: the job's data module.
         kwargs: more LightningCLI arguments (a Ray worker's ``trainer_defaults``).
     """
 
-    def __init__(self, args: list[str], **kwargs: Any):
-        super().__init__(LitPPO, RolloutDataModule, args=args, save_config_callback=TrackedConfig,
+    def __init__(self, args: list[str], model_class: type[LightningModule] = LitPPO,
+                 datamodule_class: type[LightningDataModule] = RolloutDataModule, **kwargs: Any):
+        super().__init__(model_class, datamodule_class, args=args, save_config_callback=TrackedConfig,
                          save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
                          parser_kwargs={"exit_on_error": False}, seed_everything_default=0,
                          auto_configure_optimizers=False, **kwargs)

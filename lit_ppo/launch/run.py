@@ -1,26 +1,39 @@
-"""The verbs every front door calls: ``check`` a LightningCLI tree (and the checkpoint it resumes or
-scores) before anything loads, and ``run`` it through LitPPOCLI in this process; and the configs of a
-command that starts from a checkpoint, read from it with the command's changes on top: ``resume_fit``
-(``fit --ckpt_path``) and ``evaluation_tree`` (``validate|test --ckpt_path``)."""
+"""The verbs every front door calls, in the order a run goes through them: the configs of a command that
+starts from a checkpoint, read from it with the command's changes on top (``resume_fit`` for ``fit
+--ckpt_path``, ``evaluation_tree`` for ``validate|test --ckpt_path``); ``check`` a LightningCLI tree (and
+the checkpoint it resumes or scores) before anything loads; ``run`` it through LitPPOCLI in this process.
+Over them, the jobs: ``fit`` (resume, check, note, run, the failure left pending), ``evaluate``
+(``validate`` and ``test``) and ``sft``, the same sequence with LitSFT and SFTDataModule; a new job is one
+more such verb."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import yaml
 
 from lit_ppo.config.keys import LIGHTNING_SECTIONS, lightning_path, set_key
-from lit_ppo.errors import ConfigError
-from lit_ppo.launch.check import check_config
-from lit_ppo.launch.compose import compose_run
+from lit_ppo.config.sft import SFTConfig
+from lit_ppo.errors import ConfigError, RunStopped
+from lit_ppo.launch.check import check_config, check_sft_config
+from lit_ppo.launch.compose import compose_run, real_model_note
 from lit_ppo.launch.lightning_cli import LitPPOCLI
 from lit_ppo.launch.presets import is_group, typed_overrides
+from lit_ppo.launch.sft import sft_tree
+from lit_ppo.run.continued import forget_continued_runs
+from lit_ppo.run.processes import launched_as_rank_zero
 from lit_ppo.run.resume import check_resume, config_changes, recorded_config, resumed_config
-from lit_ppo.run.tracking import forget_continued_runs, last_checkpoint, launched_as_rank_zero
+from lit_ppo.run.run_dir import last_checkpoint
+from lit_ppo.training.sft import LitSFT
+from lit_ppo.training.sft_data import SFTDataModule
+from lit_ppo.utils.fs import shown_path
+from lit_ppo.utils.stop_requests import pending_failure, received_signal
 
 TRAINED_SECTIONS = ("algo", "model", "actor", "critic", "rejection")
 """What the model in a checkpoint was trained as: LightningCLI restores it from the checkpoint."""
@@ -56,6 +69,76 @@ def run(subcommand: str, tree: dict | None, ckpt_path: str | None = None, *, fla
         return builder([subcommand, "--config", path, *args])
 
 
+class RunFailed(RunStopped):
+    """A failure that ended a run after an iteration, which ``last.ckpt`` holds (``pending_failure``): its
+    one line says all there is; no traceback belongs to it."""
+
+
+def fail_if_pending() -> None:
+    """RunFailed for a failure that ended the run that just returned (a tracking store gone, an invalid
+    reward): Lightning ends such a run as if it had finished."""
+    failure = pending_failure()
+    if failure is not None:
+        raise RunFailed(failure)
+
+
+def note_real_model(tree: dict) -> None:
+    """The ``note:`` line of a fit whose model is not the tiny one (``real_model_note``), once its config passed
+    every check: the settings it trains with are final. Rank 0 only: a launcher's ranks run the command again."""
+    note = real_model_note(tree) if launched_as_rank_zero() else None
+    if note is not None:
+        print(note, file=sys.stderr, flush=True)
+
+
+def fit(tree: dict, ckpt_path: str | None = None, *, overrides: list[str] | None = None,
+        flags: Sequence[str] = ()) -> LitPPOCLI:
+    """Train the run of LightningCLI's ``tree`` in this process: from the run that ``ckpt_path`` records, with
+    what ``tree`` changes named (``resume_fit``; ``overrides``: the command line's that composed it), checked,
+    its real model's settings noted, run (``flags``: more LightningCLI arguments); RunFailed for a failure
+    that ended it after an iteration. The finished LitPPOCLI."""
+    resumed = resume_fit(ckpt_path, tree, overrides)
+    if resumed is not None:
+        tree, ckpt_path = resumed
+    check(tree, "fit", ckpt_path)
+    note_real_model(tree)
+    cli = run("fit", tree, ckpt_path, flags=flags)
+    fail_if_pending()
+    return cli
+
+
+def evaluate(subcommand: str, tree: dict, ckpt_path: str | None, *, recorded: bool = False,
+             flags: Sequence[str] = ()) -> LitPPOCLI:
+    """``validate`` or ``test`` (``subcommand``) the checkpoint ``ckpt_path`` under LightningCLI's ``tree`` in
+    this process, checked with the checkpoint (``recorded``: ``tree`` is the one it records, as
+    ``evaluation_tree`` read it, which matches it); RunFailed for a failure that ended it. The finished LitPPOCLI."""
+    check(tree, subcommand, None if recorded else ckpt_path)
+    cli = run(subcommand, tree, ckpt_path, flags=flags)
+    fail_if_pending()
+    return cli
+
+
+SFT_CLI = functools.partial(LitPPOCLI, model_class=LitSFT, datamodule_class=SFTDataModule)
+"""LitPPOCLI of the sft job."""
+
+
+def sft(tree: dict, ckpt_path: str | None = None, *, overrides: list[str] | None = None) -> Path:
+    """Fine-tune as the sft job's LightningCLI ``tree`` says (``lit_ppo.launch.sft.sft_tree``) in this process,
+    through fit's sequence: resumed, checked (``check_sft_config``), run, RunFailed for a failure that ended it.
+    The model directory it wrote, which rank 0 names on stderr as the one ``fit model=<dir>`` starts from."""
+    if ckpt_path is not None:
+        resumed = resume_fit(ckpt_path, tree, overrides, presets=sft_tree(compose_run([])[0], SFTConfig()))
+        if resumed is not None:
+            tree, ckpt_path = resumed
+    check_sft_config(tree)
+    trainer = run("fit", tree, ckpt_path, builder=SFT_CLI).trainer
+    fail_if_pending()
+    model_dir = Path(trainer.default_root_dir) / "model"
+    if trainer.is_global_zero and received_signal() is None:
+        print(f"model directory: {shown_path(model_dir)} (python -m lit_ppo fit model={shown_path(model_dir)})",
+              file=sys.stderr, flush=True)
+    return model_dir
+
+
 @contextmanager
 def _config_file(tree: dict) -> Iterator[str]:
     """The path of a temporary YAML file holding ``tree``, removed on leaving."""
@@ -68,12 +151,14 @@ def _config_file(tree: dict) -> Iterator[str]:
         os.unlink(handle.name)
 
 
-def resume_fit(ckpt_path: str | None, given: dict, overrides: list[str] | None = None) -> tuple[dict, str] | None:
+def resume_fit(ckpt_path: str | None, given: dict, overrides: list[str] | None = None,
+               presets: dict | None = None) -> tuple[dict, str] | None:
     """``fit --ckpt_path CKPT``: the run's config recorded in the checkpoint with what this command gives set
     on top (``resumed_config``: each change named, those the checkpoint cannot follow refused), and the
     checkpoint's path (``last`` resolved by ``last_checkpoint``); None without ``ckpt_path`` or for a
     checkpoint that records no config. ``given``: a whole config (a ``--config`` file's, the Python API's),
-    or, with ``overrides``, the tree they composed, of which only what they set counts."""
+    or, with ``overrides``, the tree they composed, of which only what they set counts: the keys they name
+    and those whose value differs from the job's ``presets`` tree (None: fit's)."""
     if ckpt_path is None:
         return None
     if ckpt_path == "last":
@@ -88,7 +173,7 @@ def resume_fit(ckpt_path: str | None, given: dict, overrides: list[str] | None =
     forget_continued_runs(recorded)
     given = {k: v for k, v in given.items() if k in LIGHTNING_SECTIONS}
     if overrides is not None:
-        given = _overridden(given, overrides)
+        given = _overridden(given, overrides, compose_run([])[0] if presets is None else presets)
     tree, notes = resumed_config(ckpt_path, recorded, given)
     if launched_as_rank_zero():  # the ranks a launcher starts run this command again
         for note in notes:
@@ -96,16 +181,16 @@ def resume_fit(ckpt_path: str | None, given: dict, overrides: list[str] | None =
     return tree, ckpt_path
 
 
-def _overridden(tree: dict, overrides: list[str]) -> dict:
+def _overridden(tree: dict, overrides: list[str], presets: dict) -> dict:
     """The part of the composed ``tree`` that ``overrides`` set: the keys they name, the keys whose value
-    differs from the presets' and the key each chosen group names (``GROUP_KEYS``); a list as a whole."""
+    differs from the ``presets`` tree's and the key each chosen group names (``GROUP_KEYS``); a list as a whole."""
     keys = [GROUP_KEYS[o.lstrip("+~").split("=", 1)[0]] for o in overrides
             if is_group(o) and o.lstrip("+~").split("=", 1)[0] in GROUP_KEYS]
     for override in typed_overrides(overrides):
         path = None if is_group(override) else lightning_path(override.lstrip("+~").split("=", 1)[0])
         if path is not None:
             keys.append(".".join(path))
-    keys += [key for key, _, _ in config_changes(compose_run([])[0], tree)]
+    keys += [key for key, _, _ in config_changes(presets, tree)]
     out: dict = {}
     for key in keys:
         node, target, parts = tree, out, key.split(".")

@@ -14,14 +14,21 @@ import torch
 
 def _load_dir(path: str | Path, dtype: torch.dtype):
     """Model and tokenizer of a local Hugging Face checkpoint directory (never touches the hub)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    return model, _load_tokenizer(path)
+
+
+def _load_tokenizer(path: str | Path):
+    """The tokenizer of a local Hugging Face checkpoint directory, padding with EOS where it names no pad token."""
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if tokenizer.pad_token is None:
         # Rows are right-padded and padding is told apart by the attention mask, so reusing EOS is safe.
         tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
+    return tokenizer
 
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
@@ -91,8 +98,10 @@ def model_dir_problem(path: str | Path, head: str = "causal") -> str | None:
     if not any((path / name).is_file() for name in _TOKENIZER_FILES):
         return f"has no tokenizer (none of {', '.join(_TOKENIZER_FILES)})"
     from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-                                                        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    )
 
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)

@@ -18,9 +18,9 @@ import torch
 from lit_ppo.errors import ConfigError
 from lit_ppo.models.attention import use_float32_attention_on_cpu
 from lit_ppo.models.cache import _cached, cache_entry
-from lit_ppo.models.local_model import _load_dir, model_source_dir
+from lit_ppo.models.local_model import _load_dir, _load_tokenizer, model_source_dir
 from lit_ppo.models.smollm2 import SMOLLM2_CACHE_NAME, _convert_smollm2
-from lit_ppo.models.tiny import TinyModelConfig, build_tiny
+from lit_ppo.models.tiny import TinyModelConfig, build_tiny, tiny_dir
 from lit_ppo.utils.imports import describe
 
 MODEL_SOURCES = ("tiny", "smollm2")
@@ -54,6 +54,18 @@ def load_causal_lm(source: str, cache_dir: str | Path | None = None, dtype: torc
                          f"Hugging Face cache")
     use_float32_attention_on_cpu(model)
     return model, tokenizer
+
+
+def load_tokenizer(source: str, cache_dir: str | Path | None = None):
+    """The tokenizer of ``source`` as ``load_causal_lm`` loads it, without reading the weights."""
+    if source == "tiny":
+        return _load_tokenizer(tiny_dir(TinyModelConfig(), cache_dir))
+    if source == "smollm2":
+        return _load_tokenizer(_cached(cache_dir, SMOLLM2_CACHE_NAME, _convert_smollm2))
+    try:
+        return _load_tokenizer(model_source_dir(source))
+    except Exception as e:  # what the checks before loading cannot see: one line, the directory named
+        raise ConfigError(f"model.source={source} cannot be loaded: {describe(e)}") from e
 
 
 def source_cache_entry(source: str, cache_dir: str | Path | None = None) -> Path:

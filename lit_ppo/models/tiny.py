@@ -115,9 +115,13 @@ def build_tiny(cfg: TinyModelConfig | None = None, cache_dir: str | Path | None 
                dtype: torch.dtype = torch.float32):
     """``(model, tokenizer)`` of the tiny config: built and saved to ``cache_dir/tiny-<hash>`` on
     first use, loaded from there afterwards (so every call returns the same weights)."""
-    cfg = cfg or TinyModelConfig()
+    return _load_dir(tiny_dir(cfg or TinyModelConfig(), cache_dir), dtype)
+
+
+def tiny_dir(cfg: TinyModelConfig, cache_dir: str | Path | None = None) -> Path:
+    """The cache entry ``cache_dir/tiny-<hash>`` of the tiny config, built and saved on first use."""
 
     def write(tmp: Path) -> None:
         write_hf_files(*_build_tiny_fresh(cfg), tmp)
 
-    return _load_dir(_cached(cache_dir, cfg.cache_name(), write), dtype)
+    return _cached(cache_dir, cfg.cache_name(), write)

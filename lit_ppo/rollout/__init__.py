@@ -1,5 +1,5 @@
-"""Rollout: engines that sample completions, the workflows that turn them into the RolloutBatch of an
-iteration, and the stream of prompts and the collector that fill one batch per iteration; what the trainer
-reads of the data module holding them (``source``); agents' episodes (``agent_workflow``) through an
-OpenAI-compatible client (``chat_client``, in HTTP ``chat_endpoint``) whose tool calls are in the model's
-words (``tool_calls``) and whose concurrent calls share engine calls (``shared_generate``)."""
+"""Layer 4, rollouts: the ``RolloutBatch`` of an iteration, made by a rank's engine (``engines``) playing the
+task's problems as episodes (``episodes``); the stream of prompts (``stream``) and the collector that fills
+one batch per iteration from it (``collector``), dynamic filters (``filters``), the producer of
+asynchronous rollouts (``producer``), the test-split scores (``evaluation``), and what the trainer reads of
+the data module holding them (``source``)."""

@@ -50,7 +50,8 @@ class RolloutBatch:
         B, T = self.input_ids.shape
         for name in ("attention_mask", "loss_mask", "behave_logp", "versions", "turn_ids"):
             if tuple(getattr(self, name).shape) != (B, T):
-                raise ValueError(f"RolloutBatch.{name} must have shape ({B}, {T}), got {tuple(getattr(self, name).shape)}")
+                raise ValueError(
+                    f"RolloutBatch.{name} must have shape ({B}, {T}), got {tuple(getattr(self, name).shape)}")
         for name in ("rewards", "truncated"):
             if tuple(getattr(self, name).shape) != (B,):
                 raise ValueError(f"RolloutBatch.{name} must have shape ({B},), got {tuple(getattr(self, name).shape)}")

@@ -18,9 +18,9 @@ import torch
 from lit_ppo.config.rollout import RolloutConfig
 from lit_ppo.errors import RunStopped
 from lit_ppo.rollout.batch import RolloutBatch
-from lit_ppo.rollout.engine import RolloutEngine
+from lit_ppo.rollout.engines.protocol import RolloutEngine
+from lit_ppo.rollout.episodes.episode import Workflow
 from lit_ppo.rollout.stream import PromptStream
-from lit_ppo.rollout.workflows import Workflow
 
 INVALID_REWARDS_HINT = ("rewards must be finite real numbers (data.on_invalid_reward=error stops at the first "
                         "invalid one, naming its prompt and value)")

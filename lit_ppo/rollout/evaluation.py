@@ -18,7 +18,7 @@ from dataclasses import replace
 import torch
 
 from lit_ppo.config import EvalConfig
-from lit_ppo.rollout.engine import RolloutEngine, SamplingParams
+from lit_ppo.rollout.engines.protocol import RolloutEngine, SamplingParams
 
 SUMS = ("problems", "greedy_correct", "greedy_reward", "greedy_length", "greedy_invalid", "samples_passed",
         "samples_correct")

@@ -24,7 +24,7 @@ from typing import Callable, Iterable
 import torch
 
 from lit_ppo.rollout.batch import RolloutBatch
-from lit_ppo.rollout.engine import Completion, RolloutEngine, SamplingParams
+from lit_ppo.rollout.engines.protocol import Completion, RolloutEngine, SamplingParams
 
 
 class SharedEngine:

@@ -10,7 +10,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from lit_ppo.config import EvalConfig, RolloutConfig
-from lit_ppo.rollout.engine import RolloutEngine, SamplingParams
+from lit_ppo.rollout.engines.protocol import RolloutEngine, SamplingParams
 from lit_ppo.tasks.base import Task
 
 

@@ -29,8 +29,13 @@ from pathlib import Path
 from typing import Iterator
 
 from lit_ppo.errors import ConfigError
-from lit_ppo.run.mlflow_store import (check_mlflow_importable, probe_server, resolve_experiment, resolve_tracking_uri,
-                                     sqlite_file)
+from lit_ppo.run.mlflow_store import (
+    check_mlflow_importable,
+    probe_server,
+    resolve_experiment,
+    resolve_tracking_uri,
+    sqlite_file,
+)
 from lit_ppo.utils.fs import user_path, write_file_atomically
 from lit_ppo.utils.text import first_line
 
@@ -204,7 +209,8 @@ def format_table(summaries: list[RunSummary], extra: dict[str, dict[str, str]] |
     header = ["run", "id", "algo", *extra_columns, "iterations", "final reward", "best reward", "eval accuracy", "it/s",
               "kl", "clip fraction", "entropy"]
     numeric_from = 3 + len(extra_columns)
-    rows = [[s.name, s.run_id[:SHORT_ID], s.algo, *[extra.get(s.run_id, {}).get(column, "-") for column in extra_columns],
+    rows = [[s.name, s.run_id[:SHORT_ID], s.algo,
+             *[extra.get(s.run_id, {}).get(column, "-") for column in extra_columns],
              str(s.iterations), *map(_number, (s.final_reward, s.best_reward, s.eval_accuracy, s.iterations_per_s,
                                                s.kl, s.clip_fraction, s.entropy))]
             for s in summaries]

@@ -26,8 +26,14 @@ import torch.distributed.checkpoint as dcp
 
 from lit_ppo.config import ModelConfig
 from lit_ppo.errors import ConfigError
-from lit_ppo.models import (MODEL_SOURCES, base_model_paths, load_causal_lm, model_dir_problem, torch_dtype,
-                            use_chat_template)
+from lit_ppo.models import (
+    MODEL_SOURCES,
+    base_model_paths,
+    load_causal_lm,
+    model_dir_problem,
+    torch_dtype,
+    use_chat_template,
+)
 from lit_ppo.models.hf_dir import check_apart, check_output, check_writable, write_model_dir
 from lit_ppo.models.lora import add_lora, lora_config, merged_model, write_adapter_dir
 from lit_ppo.run.mlflow_store import resolve_tracking_uri, sqlite_file

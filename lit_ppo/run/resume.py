@@ -80,7 +80,7 @@ def recorded_run(ckpt_path: str | None) -> dict[str, str] | None:
 
 def recorded_config(ckpt_path: str) -> str | None:
     """The resolved config (YAML text) that the local checkpoint ``ckpt_path`` was trained with, as
-    ``lit_ppo.run.tracking.TrackedConfig`` stores it; None if it holds none (a checkpoint written by a
+    ``lit_ppo.run.tracked_run.TrackedConfig`` stores it; None if it holds none (a checkpoint written by a
     Trainer of the user's own) or is no local file. A damaged file is a one-line ValueError
     (``read_checkpoint``)."""
     if os.fspath(ckpt_path) in LIGHTNING_CKPT_VALUES or "://" in os.fspath(ckpt_path):

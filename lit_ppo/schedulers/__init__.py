@@ -1,4 +1,4 @@
-"""Where ``python -m lit_ppo fit`` runs: ``scheduler=local`` (this process, the default),
+"""Layer 7, where ``python -m lit_ppo fit`` runs: ``scheduler=local`` (this process, the default),
 ``scheduler=slurm`` (a Slurm batch job, see lit_ppo.schedulers.slurm) or ``scheduler=ray`` (a Ray
 Train job, see lit_ppo.schedulers.ray)."""
 
@@ -9,8 +9,8 @@ from typing import Callable
 from lit_ppo.config.scheduler import SCHEDULERS, JobConfig, RayConfig, SlurmConfig, scheduler_config, scheduler_name
 from lit_ppo.schedulers import ray, slurm
 
-__all__ = ["SCHEDULERS", "JobConfig", "RayConfig", "SlurmConfig", "check_job_trainer", "job_trainer", "scheduler_config",
-           "scheduler_name", "submit"]
+__all__ = ["SCHEDULERS", "JobConfig", "RayConfig", "SlurmConfig", "check_job_trainer", "job_trainer",
+           "scheduler_config", "scheduler_name", "submit"]
 
 
 def check_job_trainer(cfg: JobConfig, trainer: dict) -> None:

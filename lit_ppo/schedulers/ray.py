@@ -11,7 +11,7 @@ processes. Each worker is one rank with one device (``trainer.devices=1``), so t
 ``num_workers``; each has its own rollout engine, as every rank has under DDP.
 
 - The run directory reaches the workers as ``LIT_PPO_JOB_RUN_DIR``: rank 0 takes it
-  (lit_ppo.run.tracking.start), the other ranks receive it by broadcast at setup (TrackedConfig). Rank 0
+  (lit_ppo.run.tracked_run.start), the other ranks receive it by broadcast at setup (TrackedConfig). Rank 0
   alone writes the config, checkpoints' run record and the one MLflow run, as under any launcher.
   Ray Train's own bookkeeping goes to ``<run dir>/ray``.
 - The workers work in the driver's directory, so relative paths (``runs/``, ``sqlite:///mlflow.db``,
@@ -39,8 +39,9 @@ from typing import Any, Callable
 
 from lit_ppo.config.scheduler import RayConfig
 from lit_ppo.errors import ConfigError
+from lit_ppo.run.processes import RUN_DIR_ENV
 from lit_ppo.run.resume import recorded_run
-from lit_ppo.run.tracking import JOB_RUN_DIR_ENV, RUN_DIR_ENV, new_run_dir
+from lit_ppo.run.run_dir import JOB_RUN_DIR_ENV, new_run_dir
 from lit_ppo.utils.flags import flag_value
 
 STRATEGIES = ("auto", "ddp")

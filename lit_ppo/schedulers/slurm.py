@@ -17,7 +17,7 @@ but srun:
   script sets ``trainer.devices`` / ``num_nodes`` from the same settings as ``--ntasks-per-node`` /
   ``--nodes``, so the two agree.
 - The run directory is fixed at submission and reaches the job as ``LIT_PPO_JOB_RUN_DIR``: rank 0
-  (SLURM_PROCID 0) takes it (lit_ppo.run.tracking.start), the other ranks receive it by broadcast at setup
+  (SLURM_PROCID 0) takes it (lit_ppo.run.tracked_run.start), the other ranks receive it by broadcast at setup
   (TrackedConfig), as under any external launcher.
 - Preemption: ``--signal=USR1@90`` has Slurm send SIGUSR1 to every task 90 s before the time limit.
   GracefulStop treats it like SIGTERM: every rank finishes the iteration, last.ckpt is written and the
@@ -43,7 +43,8 @@ from pathlib import Path
 
 from lit_ppo.config.scheduler import SlurmConfig
 from lit_ppo.errors import ConfigError
-from lit_ppo.run.tracking import JOB_RUN_DIR_ENV, new_run_dir, tracking_uris
+from lit_ppo.run.loggers import tracking_uris
+from lit_ppo.run.run_dir import JOB_RUN_DIR_ENV, new_run_dir
 from lit_ppo.utils.flags import flag_value
 
 WARNING_S = 90

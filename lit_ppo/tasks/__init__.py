@@ -1,4 +1,4 @@
-"""Tasks: prompt sources with verifiable rewards."""
+"""Layer 3, tasks: prompt sources with verifiable rewards, and the contracts a task implements (``base``)."""
 
 from __future__ import annotations
 
@@ -150,5 +150,6 @@ def check_problems(task: Task, name: str) -> Task:
     return task
 
 
-__all__ = ["TASKS", "AgentFunctionTask", "ArithmeticTask", "CalculatorTask", "DatasetTask", "GSM8KTask", "Problem", "ReasoningGymTask",
-           "DEFAULT_TASK", "Task", "agent", "build_task", "check_problems", "gsm_symbolic", "task_parameters"]
+__all__ = ["TASKS", "AgentFunctionTask", "ArithmeticTask", "CalculatorTask", "DatasetTask", "GSM8KTask", "Problem",
+           "ReasoningGymTask", "DEFAULT_TASK", "Task", "agent", "build_task", "check_problems", "gsm_symbolic",
+           "task_parameters"]

@@ -4,7 +4,7 @@
 problem)``, importable from the working directory (``my_agent.solve``) or given as the function itself
 (the Python API). It talks to the policy through ``client.chat.completions.create(...)``, an
 OpenAI-compatible client whose calls the rollout records on token ids, or over HTTP with the real
-``openai`` package at ``client.base_url`` with ``client.api_key`` (``lit_ppo.rollout.agent_workflow``),
+``openai`` package at ``client.base_url`` with ``client.api_key`` (``lit_ppo.rollout.episodes.agent``),
 and returns the episode's reward. ``problems`` names the task whose problems it plays (a registered
 name or a dotted path module.Class, configured by ``problems_kwargs``): their prompts, answers and
 columns reach the agent as ``problem``.
@@ -51,7 +51,7 @@ class AgentFunctionTask:
 
     def __init__(self, agent: Any, source: Task):
         self.agent = agent_function(agent)
-        """The agent function (``lit_ppo.rollout.agent_workflow.AgentTask.agent``)."""
+        """The agent function (``lit_ppo.tasks.base.AgentTask.agent``)."""
         self.source = source
         self.name = f"agent-{getattr(self.agent, '__name__', 'agent')}"
 

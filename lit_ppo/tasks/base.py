@@ -1,4 +1,6 @@
-"""The task protocol: a source of problems and a verifiable reward for a completion."""
+"""The task protocol: a source of problems and a verifiable reward for a completion; and the contracts of
+the tasks played as conversations: a multi-turn task's environment, an agent task's agent and the client
+it is handed."""
 
 from __future__ import annotations
 
@@ -59,6 +61,90 @@ class Task(Protocol):
 
     def allowed_completion_tokens(self, tokenizer) -> list[int] | None:
         """Token ids completions may use (the tokenizer's EOS included), or None for all."""
+
+
+def task_name(task: Task) -> str:
+    """The task's ``name``, or its class name for a task without one."""
+    return str(getattr(task, "name", type(task).__name__))
+
+
+# ---------------------------------------------------------------------------------------------
+# tasks played as conversations
+# ---------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """The other side of one multi-turn episode (a tool, a user, a grader), created per episode by
+    ``MultiTurnTask.environment(problem)``; it may keep state across the episode's turns."""
+
+    def start(self) -> str:
+        """The first user message of the episode."""
+
+    def step(self, completion: str) -> tuple[str | None, float | None]:
+        """React to one assistant turn (its text, special tokens removed): ``(feedback, reward)``.
+
+        ``feedback`` is the next user message (tool output, user feedback), or None to end the
+        episode. ``reward`` is the episode's reward should it end after this turn (the workflow may
+        also end it at ``max_turns`` or on a truncated turn); None keeps the last reported one (0.0
+        if none was). Any other value must be a finite real number (``reward_problem``).
+        """
+
+
+@runtime_checkable
+class MultiTurnTask(Task, Protocol):
+    """A task whose episodes are conversations with an environment (``lit_ppo.rollout.episodes.multi_turn``
+    plays them)."""
+
+    def environment(self, problem: Problem) -> Environment:
+        """A fresh environment for one episode of ``problem``."""
+
+
+def is_multi_turn(task: Task) -> bool:
+    """Whether ``task`` is a ``MultiTurnTask`` (it has a callable ``environment``)."""
+    return callable(getattr(task, "environment", None))
+
+
+class ChatCompletions(Protocol):
+    """``client.chat.completions``."""
+
+    def create(self, **request: Any) -> Any:
+        """One chat completion (the ``openai`` SDK's ``ChatCompletion``; an awaitable of one for an async
+        agent's client)."""
+
+
+class Chat(Protocol):
+    """``client.chat``."""
+
+    completions: ChatCompletions
+
+
+class ChatClient(Protocol):
+    """The OpenAI-compatible client an agent plays its episode through, in the shape of ``openai.OpenAI``
+    (``openai.AsyncOpenAI`` for an async agent). The rollout's client
+    (``lit_ppo.rollout.episodes.chat_client``) has this shape; a task is typed against the shape alone."""
+
+    chat: Chat
+    """``chat.completions.create(messages=..., tools=...)``."""
+    base_url: str | None
+    """Where the same episode is served over HTTP (``openai.OpenAI(base_url=..., api_key=...)``); None if
+    nowhere."""
+    api_key: str | None
+    """The episode's key at ``base_url``."""
+
+
+@runtime_checkable
+class AgentTask(Task, Protocol):
+    """A task whose episodes an agent plays (``lit_ppo.rollout.episodes.agent`` plays them)."""
+
+    def agent(self, client: ChatClient, problem: Problem) -> Any:
+        """Play one episode of ``problem`` through ``client`` (``client.chat.completions.create``); the
+        episode's reward, or an awaitable of it."""
+
+
+def is_agent(task: Task) -> bool:
+    """Whether ``task`` is an ``AgentTask`` (it has a callable ``agent``)."""
+    return callable(getattr(task, "agent", None))
 
 
 def vocabulary_ids(tokenizer, tokens: Sequence[str], needed_by: str) -> list[int]:

@@ -164,7 +164,7 @@ def normalize_answer(text: str) -> str:
 
 
 class CalculatorEnvironment:
-    """One episode of the calculator task (implements ``lit_ppo.rollout.workflows.Environment``).
+    """One episode of the calculator task (implements ``lit_ppo.tasks.base.Environment``).
 
     ``step`` returns ``(feedback, reward)``: feedback is the next user message (tool result, tool
     error, or a retry request) or None when the episode is over; reward is the episode's reward if it
@@ -279,4 +279,5 @@ class CalculatorTask:
         of ``calc``) and the tokenizer's EOS: all that answers and tool calls need. Used only with
         ``gconfig.restrict_to_task_tokens`` (which also spells ``calc`` letter by letter on tokenizers
         with multi-character tokens)."""
-        return vocabulary_ids(tokenizer, COMPLETION_CHARACTERS, "the calculator task with gconfig.restrict_to_task_tokens")
+        return vocabulary_ids(tokenizer, COMPLETION_CHARACTERS,
+                              "the calculator task with gconfig.restrict_to_task_tokens")

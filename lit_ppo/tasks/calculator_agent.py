@@ -1,6 +1,6 @@
 """The calculator task as an agent of the OpenAI API: the same problems (``lit_ppo.tasks.calculator``), but
 the policy calls a ``calculator`` tool through ``tools`` / ``tool_calls`` in its model family's own format
-(``lit_ppo.rollout.tool_calls``), as an agent written for the ``openai`` SDK lets a model do. One worked
+(``lit_ppo.rollout.episodes.tool_calls``), as an agent written for the ``openai`` SDK lets a model do. One worked
 example in the conversation shows the model the call; the reward is the calculator task's: 1.0 for the
 right answer, ``TOOL_CREDIT`` for an episode that did not answer right but got a result from the tool.
 ``recipe=smollm2_calculator_agent`` trains SmolLM2 with it (docs/agents.md).

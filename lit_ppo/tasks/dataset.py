@@ -29,8 +29,17 @@ from typing import Any, ClassVar, Sequence
 
 from lit_ppo.config.checks import check_positive_int, fail, is_number
 from lit_ppo.tasks.base import Columns, Problem, split_problems, vocabulary_ids
-from lit_ppo.tasks.rewards import (CALL_KEYWORDS, DEFAULT_FORMAT_PATTERN, DEFAULT_REWARD_CONCURRENCY, GroupScores,
-                                   RewardCall, RewardFunction, check_call_signatures, resolve_reward_fns, score_calls)
+from lit_ppo.tasks.rewards import (
+    CALL_KEYWORDS,
+    DEFAULT_FORMAT_PATTERN,
+    DEFAULT_REWARD_CONCURRENCY,
+    GroupScores,
+    RewardCall,
+    RewardFunction,
+    check_call_signatures,
+    resolve_reward_fns,
+    score_calls,
+)
 from lit_ppo.utils.fs import existing_path, user_path
 
 PREFIX = "data.task_kwargs."
@@ -368,7 +377,8 @@ class DatasetTask:
                                  f"vocabulary entries (strings) or null")
             self.completion_tokens = [str(t) for t in tokens]
         check_positive_int(f"{PREFIX}reward_concurrency", self.reward_concurrency)
-        if self.reward_timeout_s is not None and (not is_number(self.reward_timeout_s) or not self.reward_timeout_s > 0):
+        if self.reward_timeout_s is not None and (not is_number(self.reward_timeout_s)
+                                                  or not self.reward_timeout_s > 0):
             fail(f"{PREFIX}reward_timeout_s", self.reward_timeout_s, "a number of seconds > 0 or null")
         self._fns = resolve_reward_fns(self.reward_fns, self.reward_weights, self.format_pattern,
                                        reward_model=self.reward_model, judge=self.judge)

@@ -8,9 +8,9 @@ is fsynced: whatever kills the process, ``<name>`` is the previous checkpoint or
 a partial file. Retention removes, with the periodic checkpoint it drops, any older one that a
 killed process left behind (``remove_checkpoint``). A write the filesystem refuses (a full disk, a
 quota, a read-only mount, the file size limit) stops the run in one line naming the file and the
-reason (``RunStopped``), the temporary file removed and the previous checkpoint kept. Lightning's ``TorchCheckpointIO`` stages the file in
-``$TMPDIR`` instead; when that is another filesystem its final move is a copy over the existing
-checkpoint, and a kill during the copy leaves a truncated file.
+reason (``RunStopped``), the temporary file removed and the previous checkpoint kept. Lightning's
+``TorchCheckpointIO`` stages the file in ``$TMPDIR`` instead; when that is another filesystem its final
+move is a copy over the existing checkpoint, and a kill during the copy leaves a truncated file.
 
 Content digest: ``torch.load`` does not check the zip CRC of tensor records, so a flipped bit in a
 weight loads silently. Every checkpoint written here therefore carries the SHA-256 of its content
@@ -23,8 +23,9 @@ writers) are checked for loading and finiteness only.
 Resuming (``check_resume``, called by the CLI before any model loads): the file must exist, be a
 readable file, load, match its digest, hold finite weights and optimizer state, and have been made
 with the same algorithm, model and task as the run (``run_record``, stored under ``lit_ppo``). The
-record also says where the run is recorded (its ``run`` entry, see ``lit_ppo.run.tracking.run_reference``),
-so that the resumed run continues it; that entry is not compared.
+record also says where the run is recorded (its ``run`` entry, see ``lit_ppo.run.tracked_run.run_reference``),
+so that the resumed run continues it; that entry is not compared. A resume that changes the learning rate
+rescales the loaded optimizer and schedule (``scale_lr``).
 
 Distributed checkpoints (``trainer=fsdp``, ``lit_ppo.training.fsdp.FSDP2Strategy``) are directories of
 shard files and a ``meta.pt`` holding everything else, the SHA-256 of every shard file
@@ -317,3 +318,16 @@ def read_checkpoint(ckpt_path: str) -> dict:
     return checkpoint
 
 
+def scale_lr(checkpoint: dict, index: int, factor: float) -> None:
+    """Multiply the learning rates of optimizer ``index`` of a loaded ``checkpoint`` and of its schedule
+    (current, initial and base) by ``factor``: a resume that changes the learning rate keeps the schedule's
+    progress (``lit_ppo.run.tracked_run.TrackedConfig``)."""
+    for group in checkpoint["optimizer_states"][index]["param_groups"]:
+        for key in ("lr", "initial_lr"):
+            if key in group:
+                group[key] *= factor
+    schedulers = checkpoint.get("lr_schedulers") or []
+    if index < len(schedulers):
+        for key in ("base_lrs", "_last_lr"):
+            if key in schedulers[index]:
+                schedulers[index][key] = [lr * factor for lr in schedulers[index][key]]

@@ -2,7 +2,7 @@
 
 Each rank reads its own shard of the task's prompts (``lit_ppo.rollout.stream``, a fresh seeded
 permutation every epoch), and its collector (``lit_ppo.rollout.collector``) asks the rank's colocated
-engine (``lit_ppo.rollout.engine_factory``) for ``gconfig.n_samples`` completions per prompt, scores them, lets
+engine (``lit_ppo.rollout.engines.factory``) for ``gconfig.n_samples`` completions per prompt, scores them, lets
 the dynamic filter accept or reject whole groups, and keeps pulling prompts until the batch is full.
 The stream is pulled by the training step itself, so in synchronous mode the batch of iteration k is
 generated with the weights of version k (nothing is prefetched ahead of the weight push). With
@@ -32,14 +32,16 @@ from lit_ppo.config import EvalConfig, GenerationConfig, RolloutConfig
 from lit_ppo.errors import ConfigError
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.collector import Collector
-from lit_ppo.rollout.engine import RolloutEngine, SamplingParams
-from lit_ppo.rollout.engine_factory import build_engine
+from lit_ppo.rollout.engines.factory import build_engine
+from lit_ppo.rollout.engines.protocol import RolloutEngine, SamplingParams
+from lit_ppo.rollout.episodes.choose import build_workflow
+from lit_ppo.rollout.episodes.episode import Workflow
+from lit_ppo.rollout.episodes.multi_turn import MultiTurnWorkflow
 from lit_ppo.rollout.evaluation import Evaluation, greedy, sum_names
 from lit_ppo.rollout.producer import AsyncProducer, SharedEngine, batch_to_dict, drop_stale
 from lit_ppo.rollout.stream import PromptStream, stable_seed
-from lit_ppo.rollout.agent_workflow import AgentWorkflow, is_agent
-from lit_ppo.rollout.workflows import MultiTurnWorkflow, SingleTurnWorkflow, Workflow, is_multi_turn
 from lit_ppo.tasks import DEFAULT_TASK, build_task
+from lit_ppo.tasks.base import is_agent
 from lit_ppo.utils.imports import describe, import_object
 from lit_ppo.utils.source_docs import args_entries, dataclass_fields
 
@@ -90,9 +92,9 @@ class RolloutDataModule(L.LightningDataModule):
                  dynamic_filter_fn: str | None = None, dynamic_bs: bool = False, max_attempts_factor: int = 8,
                  system_prompt: str | None = None, seed: int = 0, max_turns: int = 4, turn_discount: float = 1.0,
                  episodes_in_flight: int = 32, episode_timeout_s: float = 300.0, tool_format: str = "auto",
-                 on_drift: str = "share", on_invalid_reward: str = "error", max_logp_gap: float | Literal["auto"] | None = "auto",
-                 eval: EvalConfig | None = None, max_head_offpolicyness: int = 0, num_threads: int | None = None,
-                 devices: list[int] | None = None):
+                 on_drift: str = "share", on_invalid_reward: str = "error",
+                 max_logp_gap: float | Literal["auto"] | None = "auto", eval: EvalConfig | None = None,
+                 max_head_offpolicyness: int = 0, num_threads: int | None = None, devices: list[int] | None = None):
         super().__init__()
         self.rollout = RolloutConfig(
             engine=engine, engine_kwargs=engine_kwargs, batch_size=batch_size, dynamic_filter_fn=dynamic_filter_fn,
@@ -275,20 +277,10 @@ class RolloutDataModule(L.LightningDataModule):
         return EvalBatches(batches or ([[]] if count else []))
 
     def _workflow(self, tokenizer, params: SamplingParams, *, evaluating: bool = False) -> Workflow:
-        """The workflow of the task: an agent's, a multi-turn or a single-turn one. An evaluation's agent
-        workflow keeps one row per episode (its final sample), as evaluation scores episodes."""
-        cfg = self.rollout
-        if is_agent(self.task):
-            context = _context_length(getattr(self._trained.policy, "config", None)) or tokenizer.model_max_length
-            return AgentWorkflow(tokenizer, self.task, params, context,
-                                 episodes_in_flight=cfg.episodes_in_flight, timeout_s=cfg.episode_timeout_s,
-                                 tool_format=cfg.tool_format, on_drift="last" if evaluating else cfg.on_drift,
-                                 turn_discount=cfg.turn_discount,
-                                 on_invalid_reward=cfg.on_invalid_reward, one_row_per_episode=evaluating)
-        if is_multi_turn(self.task):
-            return MultiTurnWorkflow(tokenizer, self.task, params, cfg.max_turns, cfg.turn_discount,
-                                     cfg.system_prompt, cfg.on_invalid_reward)
-        return SingleTurnWorkflow(tokenizer, self.task, params, cfg.system_prompt, cfg.on_invalid_reward)
+        """The task's workflow (``build_workflow``); an agent's sequences hold at most the policy's context."""
+        context = _context_length(getattr(self._trained.policy, "config", None)) or tokenizer.model_max_length
+        return build_workflow(self.task, tokenizer, params, self.rollout, max_model_len=context,
+                              evaluating=evaluating)
 
     def _build_engine(self, trained: TrainedPolicy) -> RolloutEngine:
         policy = trained.full_policy()  # the policy, or a model of its gathered / merged weights

@@ -28,8 +28,12 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 
 from lit_ppo.errors import RunStopped
 from lit_ppo.models import token_logprobs
-from lit_ppo.training.checkpoint_io import (DISTRIBUTED_META, distributed_checkpoint_problem, first_non_finite,
-                                            write_meta)
+from lit_ppo.training.checkpoint_io import (
+    DISTRIBUTED_META,
+    distributed_checkpoint_problem,
+    first_non_finite,
+    write_meta,
+)
 from lit_ppo.utils.fs import file_sha256, remove_stale_directories, replace_directory, temporary_directory
 
 

@@ -19,7 +19,7 @@ from lit_ppo.config import ModelConfig, PPOActorConfig, RolloutConfig
 from lit_ppo.config.sections import actor_rollout_problem
 from lit_ppo.errors import RunStopped
 from lit_ppo.rollout.batch import RolloutBatch
-from lit_ppo.rollout.engine import SamplingParams
+from lit_ppo.rollout.engines.protocol import SamplingParams
 from lit_ppo.utils.dist import sum_over_ranks, world_max
 
 FLOAT32_LOGP_GAP = 1e-3

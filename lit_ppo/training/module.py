@@ -31,15 +31,22 @@ from lit_ppo.callbacks.graceful_stop import GracefulStop
 from lit_ppo.callbacks.weight_sync import WeightSync
 from lit_ppo.config import ModelConfig, PPOActorConfig, PPOCriticConfig, RolloutConfig
 from lit_ppo.errors import RunStopped
-from lit_ppo.models import (build_critic, build_reference, load_causal_lm, load_teacher, model_from_weights,
-                            token_logprobs, torch_dtype, use_chat_template)
+from lit_ppo.models import (
+    build_critic,
+    build_reference,
+    load_policy,
+    load_teacher,
+    model_from_weights,
+    token_logprobs,
+    torch_dtype,
+)
 from lit_ppo.models.lora import adapters_disabled, add_lora, lora_config, merged_weights, trainable_parameters
 from lit_ppo.models.sampling import allowed_mask
 from lit_ppo.rollout.batch import RolloutBatch
-from lit_ppo.rollout.engine import SamplingParams
+from lit_ppo.rollout.engines.protocol import SamplingParams
 from lit_ppo.rollout.evaluation import SUMS, eval_metrics, sum_names
 from lit_ppo.rollout.source import RolloutSource
-from lit_ppo.rollout.workflows import task_name
+from lit_ppo.tasks.base import task_name
 from lit_ppo.training.checkpoint_io import install_checkpoint_io
 from lit_ppo.training.fsdp import full_tensor, shard_models
 from lit_ppo.training.guards import LogpGapCheck, SkippedSteps, check_fit_start, check_staleness, every_rank_has_rows
@@ -80,12 +87,7 @@ class LitPPO(L.LightningModule):
         self.algo = algo
         self.save_hyperparameters({"model": asdict(self.model_cfg), "actor": asdict(self.actor_cfg),
                                    "critic": None if critic is None else asdict(critic), "algo": algo}, logger=False)
-        self.policy, self.tokenizer = load_causal_lm(self.model_cfg.source, self.model_cfg.cache_dir,
-                                                     torch_dtype(self.model_cfg.dtype))
-        use_chat_template(self.tokenizer, self.model_cfg.chat_template)
-        self.policy.train()  # from_pretrained returns eval mode; Lightning keeps submodule modes
-        if self.model_cfg.gradient_checkpointing:
-            self.policy.gradient_checkpointing_enable()
+        self.policy, self.tokenizer = load_policy(self.model_cfg)
         self.critic = build_critic(self.policy) if critic is not None else None
         if self.model_cfg.lora_rank > 0:  # after the critic's copy, which gets adapters of its own
             lora_cfg = lora_config(self.model_cfg)

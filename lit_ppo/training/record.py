@@ -2,7 +2,7 @@
 
 LitPPO stores this record under ``lit_ppo`` in every checkpoint; a resume must match it
 (``lit_ppo.run.resume.check_resume``). The run layer adds where the run is recorded (its ``run``
-entry, written by ``lit_ppo.run.tracking.TrackedConfig``), which is not compared.
+entry, written by ``lit_ppo.run.tracked_run.TrackedConfig``), which is not compared.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from lit_ppo.config import DEFAULT_ALGO, ModelConfig
 from lit_ppo.tasks import DEFAULT_TASK, build_task
 from lit_ppo.tasks.dataset import data_digest
 from lit_ppo.training.checkpoint_io import PLAIN_TYPES
+from lit_ppo.utils.config_values import is_plain
 from lit_ppo.utils.fs import user_path
 
 RECORD_KEY = "lit_ppo"
@@ -23,12 +24,6 @@ RECORD_KEY = "lit_ppo"
 
 RUN_KEY = "run"
 """Entry of the record naming the run directory and MLflow run that a resume continues."""
-def _plain(value: Any) -> bool:
-    if isinstance(value, (list, tuple)):
-        return all(_plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
-    return isinstance(value, PLAIN_TYPES)
 
 
 def model_identity(source: str) -> str:
@@ -54,7 +49,7 @@ def task_identity(task: Any) -> dict[str, Any]:
         for f in dataclasses.fields(task):
             value = getattr(task, f.name, None)
             value = os.fspath(value) if isinstance(value, os.PathLike) else value
-            if f.init and not f.name.startswith("_") and _plain(value):
+            if f.init and not f.name.startswith("_") and is_plain(value, PLAIN_TYPES):
                 out[f"task.{f.name}"] = value
     for name in DATA_PATH_FIELDS:
         path = out.get(f"task.{name}")

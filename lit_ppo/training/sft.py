@@ -19,8 +19,9 @@ import torch
 
 from lit_ppo.callbacks.export import ExportModel
 from lit_ppo.callbacks.graceful_stop import GracefulStop
-from lit_ppo.config import ModelConfig, OptimizerConfig
-from lit_ppo.models import load_causal_lm, token_logprobs, torch_dtype, use_chat_template
+from lit_ppo.config import ModelConfig
+from lit_ppo.config.sft import SFTActorConfig
+from lit_ppo.models import load_policy, token_logprobs
 from lit_ppo.models.lora import add_lora, lora_config, merged_model
 from lit_ppo.training.checkpoint_io import install_checkpoint_io
 from lit_ppo.training.optim import adamw_with_schedule
@@ -31,20 +32,17 @@ class LitSFT(L.LightningModule):
 
     Args:
         model: the language model (``model.*``, as fit's).
-        optimizer: AdamW and its schedule (``actor.optimizer.*``, as fit's), over the run's optimizer steps.
+        actor: what trains it (``actor.optimizer.*``, as fit's): AdamW and its schedule, over the run's
+            optimizer steps.
+        algo: the job's name, recorded as the run's ``algo`` tag and in its directory's name.
     """
 
-    def __init__(self, model: ModelConfig, optimizer: OptimizerConfig):
+    def __init__(self, model: ModelConfig, actor: SFTActorConfig, algo: str = "sft"):
         super().__init__()
         self.model_cfg = model
-        self.optimizer_cfg = optimizer
-        self.save_hyperparameters({"model": asdict(model), "optimizer": asdict(optimizer), "algo": "sft"},
-                                  logger=False)
-        self.policy, self.tokenizer = load_causal_lm(model.source, model.cache_dir, torch_dtype(model.dtype))
-        use_chat_template(self.tokenizer, model.chat_template)
-        self.policy.train()  # from_pretrained returns eval mode
-        if model.gradient_checkpointing:
-            self.policy.gradient_checkpointing_enable()
+        self.optimizer_cfg = actor.optimizer
+        self.save_hyperparameters({"model": asdict(model), "actor": asdict(actor), "algo": algo}, logger=False)
+        self.policy, self.tokenizer = load_policy(model)
         if model.lora_rank > 0:
             add_lora(self.policy, lora_config(model))
 

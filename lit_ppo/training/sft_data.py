@@ -69,7 +69,7 @@ def sft_problems(task: str, task_kwargs: dict[str, Any] | None) -> dict[str, Seq
 
 
 def _prompt_messages(problem: Problem, system_prompt: str | None) -> list[dict]:
-    """The messages a rollout templates for ``problem`` (``lit_ppo.rollout.workflows``' rule)."""
+    """The messages a rollout templates for ``problem`` (``lit_ppo.rollout.episodes.single_turn``' rule)."""
     if problem.messages is not None:
         messages = [dict(m) for m in problem.messages]
         if system_prompt is not None and not any(m.get("role") == "system" for m in messages):
@@ -197,7 +197,9 @@ def collate(examples: list[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
 
 
 class SFTDataModule(L.LightningDataModule):
-    """The examples of the train and test splits, tokenised once by the module's tokenizer.
+    """The examples of the train and test splits, tokenised by the module's tokenizer when the fit sets up,
+    which then runs their batches (``step_batches``) once in their order: its optimizer steps are
+    ``sft.epochs`` passes over them (fewer for a ``trainer.max_steps`` given), its evaluations one per pass.
 
     Args:
         task: the registered task or dotted path (``data.task``).
@@ -227,6 +229,16 @@ class SFTDataModule(L.LightningDataModule):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         for split, problems in self.problems.items():
             self.examples[split] = sft_examples(tokenizer, problems, self.cfg, self.system_prompt, split)
+
+    def setup(self, stage: str) -> None:
+        trainer = self.trainer
+        self.tokenize(trainer.lightning_module.tokenizer)
+        # One pass over the run's batches in their order, so that a resume takes up the batch after the last
+        # one trained (the trainer runs one endless epoch); its steps and evaluations count the passes.
+        per_epoch = self.steps_per_epoch(trainer.world_size)  # batches of one rank
+        total = -(-per_epoch // trainer.accumulate_grad_batches) * self.cfg.epochs
+        trainer.fit_loop.epoch_loop.max_steps = total if trainer.max_steps < 0 else min(trainer.max_steps, total)
+        trainer.val_check_interval = per_epoch
 
     def batches(self, world: int) -> list[list[list[int]]]:
         """``step_batches`` of the training examples for ``world`` ranks."""

@@ -7,7 +7,7 @@ without unwinding and turn SIGINT into a traceback with exit code 1. During trai
 (lit_ppo.callbacks.graceful_stop) replaces these handlers and stops at an iteration boundary instead;
 both record the signal here, so ``received_signal`` answers for the whole command.
 
-A failure that leaves the trained state intact (the tracking store failing, lit_ppo.run.tracking) is
+A failure that leaves the trained state intact (the tracking store failing, lit_ppo.run.loggers) is
 recorded with ``fail_after_iteration``: training stops at the next iteration boundary with
 ``last.ckpt``, as on a signal, and the command then fails with that one line (exit code 1).
 """

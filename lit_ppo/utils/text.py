@@ -1,4 +1,5 @@
-"""Text for one-line errors: the names closest to a mistyped one, the first line of an exception."""
+"""Text for one-line errors: the names closest to a mistyped one, the first line of an exception, a long
+text shortened."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ def did_you_mean(name: str, allowed: Iterable[str], prefix: str = "") -> str:
 def one_of(names: list[str]) -> str:
     """``a``, ``a or b``, ``a, b or c``."""
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` cut to its first ``limit`` characters followed by ``...``, when it is longer than ``limit``."""
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def first_line(error: BaseException) -> str:

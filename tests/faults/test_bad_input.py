@@ -7,11 +7,10 @@ from __future__ import annotations
 import pytest
 
 import lit_ppo.launch.run as launch_run
-from lit_ppo.cli.fit import main as fit_main
 from lit_ppo.__main__ import main
+from lit_ppo.cli.fit import main as fit_main
 from lit_ppo.errors import ConfigError
 from tests.integration.conftest import run_cli
-
 
 pytestmark = pytest.mark.usefixtures("no_model_loading")
 
@@ -27,12 +26,14 @@ def error_of(capsys, *args: str) -> str:
 
 
 @pytest.mark.parametrize("args,expected", [
-    (["algo=nope"], "algo=nope is invalid: must be one of cispo, clip_cov, dapo, dapo_dynamic_bs, dppo, drgrpo, gdpo, gmpo, gpg"),
+    (["algo=nope"],
+     "algo=nope is invalid: must be one of cispo, clip_cov, dapo, dapo_dynamic_bs, dppo, drgrpo, gdpo, gmpo, gpg"),
     (["actor.eps_clp=0.3"], "actor.eps_clp is not a key (did you mean actor.eps_clip?)"),
     (["+actor.eps_clp=0.3"], "actor.eps_clp is not a key (did you mean actor.eps_clip?)"),
     (["actor.eps_clip=abc"], "actor.eps_clip='abc' is invalid: must be a number"),
     (["algo=sapo", "actor.use_decoupled_loss=true"], "use_decoupled_loss=True is invalid: must be false with SAPO"),
-    (["rejection=kpop", "actor.rejection_sampling.action=clamp"], "action='clamp' is invalid: must be 'mask' for metric 'binary_kl'"),
+    (["rejection=kpop", "actor.rejection_sampling.action=clamp"],
+     "action='clamp' is invalid: must be 'mask' for metric 'binary_kl'"),
     (["actor.gae_timestep_unit=episode"], "gae_timestep_unit='episode' is invalid: must be one of 'token', 'turn'"),
     (["+actor.gae_lambda=no.such.module.fn"], "gae_lambda='no.such.module.fn' cannot be imported"),
     (["gconfig.temperature=0.7", "actor.temperature=1.0"], "actor.temperature=1.0 must equal gconfig.temperature=0.7"),
@@ -43,7 +44,8 @@ def error_of(capsys, *args: str) -> str:
      "rollout.max_head_offpolicyness=-1 is invalid: must be an integer >= 0 (0: synchronous)"),
     (["algo=icepop", "rollout.num_threads=0"], "rollout.num_threads=0 is invalid: must be a positive integer or null"),
     (["rollout.devices=[0]"], "rollout.devices=[0]: this machine has 0 CUDA device(s)"),
-    (["rollout=vllm", "rollout.devices=[0]"], "rollout.devices needs rollout=hf: the vllm engine shares its rank's device"),
+    (["rollout=vllm", "rollout.devices=[0]"],
+     "rollout.devices needs rollout=hf: the vllm engine shares its rank's device"),
     (["rollout.max_head_offpolicynes=1"], "rollout.max_head_offpolicynes is not a key (did you mean "
      "rollout.max_head_offpolicyness?)"),
     (["+data.bach_size=3"], "data.bach_size is not a key (did you mean data.batch_size?)"),
@@ -57,7 +59,8 @@ def error_of(capsys, *args: str) -> str:
     (["data.task_kwargs.Seed=1"], "data.task_kwargs.Seed is not a key of task 'arithmetic' (did you mean "
      "data.task_kwargs.seed?)"),
     (["model=nope"], "model=nope is invalid: must be one of smollm2, tiny"),
-    (["checkpoint.keep=-2"], "checkpoint.keep=-2 is invalid: must be a number of checkpoints >= 0, or -1 to keep every one"),
+    (["checkpoint.keep=-2"],
+     "checkpoint.keep=-2 is invalid: must be a number of checkpoints >= 0, or -1 to keep every one"),
     (["checkpoint.every_n_iterations=0"], "checkpoint.every_n_iterations=0 is invalid: must be a positive integer"),
     (["+checkpoint.kep=1"], "checkpoint.kep is not a key (did you mean checkpoint.keep?)"),
     (["samples.every_n_iterations=-1"],
@@ -109,15 +112,20 @@ def test_unknown_subcommand(capsys):
 def test_real_process_exit_code_and_no_traceback(tmp_path):
     result = run_cli(["fit", "algo=grpo", "actor.eps_clip=-1"], tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == "error: actor.eps_clip=-1 is invalid: must be a finite number >= 0.0"
+    assert result.stderr.strip().splitlines()[-1] == ("error: actor.eps_clip=-1 is invalid: "
+                                                      "must be a finite number >= 0.0")
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "cache").exists()  # nothing was built
 
 
 def test_check_config_is_used_by_run(monkeypatch):
     calls = []
-    monkeypatch.setattr(launch_run, "check_config", lambda tree, subcommand: calls.append(tree) or (_ for _ in ()).throw(
-        ConfigError("stop")))
+
+    def check_config(tree, subcommand):
+        calls.append(tree)
+        raise ConfigError("stop")
+
+    monkeypatch.setattr(launch_run, "check_config", check_config)
     assert fit_main(["fit", "algo=grpo"]) == 2
     assert calls and calls[0]["model"]["algo"] == "grpo"
 
@@ -126,19 +134,26 @@ def test_check_config_is_used_by_run(monkeypatch):
     # a wrong option of any group names that group, not another one on the line
     (["rollout=sglang"], "error: rollout=sglang is invalid: must be one of hf, vllm"),
     (["trainer=tpu"], "error: trainer=tpu is invalid (did you mean trainer=gpu?): must be one of cpu, ddp, fsdp, gpu"),
-    (["algo=grpo", "rejection=popice"], "error: rejection=popice is invalid (did you mean rejection=kpop?): must be one of geo_mask, icepop, kpop, none"),
+    (["algo=grpo", "rejection=popice"],
+     "error: rejection=popice is invalid (did you mean rejection=kpop?): must be one of geo_mask, icepop, kpop, none"),
     (["data=gsm8k"], "error: data.task_kwargs.train_path is required: give data.task_kwargs.train_path=<value>"),
     (["data=gsm8k", "data.task_kwargs.train_path=nope.jsonl"],
      "error: data.task_kwargs.train_path='nope.jsonl': no such file"),
     # Lightning's own arguments
     (["trainer.max_steps=abc"], "error: trainer.max_steps='abc' is invalid: must be a positive integer"),
-    (["trainer.max_steps=0"], "error: trainer.max_steps=0 is invalid: must be a positive integer (RL iterations) or -1"),
-    (["trainer.devices=0"], "error: trainer.devices=0 is invalid here: `Trainer(devices=0)` value is not a valid input"),
-    (["trainer.accelerator=quantum"], "error: trainer.accelerator=quantum is invalid: must be one of auto, cpu, cuda, gpu"),
-    (["trainer.strategy=nope"], "error: trainer.strategy='nope' is invalid here: You selected an invalid strategy name"),
-    (["trainer.precision=17"], "error: trainer.precision=17 is invalid here: Precision 17 is invalid. Allowed precision"),
+    (["trainer.max_steps=0"],
+     "error: trainer.max_steps=0 is invalid: must be a positive integer (RL iterations) or -1"),
+    (["trainer.devices=0"],
+     "error: trainer.devices=0 is invalid here: `Trainer(devices=0)` value is not a valid input"),
+    (["trainer.accelerator=quantum"],
+     "error: trainer.accelerator=quantum is invalid: must be one of auto, cpu, cuda, gpu"),
+    (["trainer.strategy=nope"],
+     "error: trainer.strategy='nope' is invalid here: You selected an invalid strategy name"),
+    (["trainer.precision=17"],
+     "error: trainer.precision=17 is invalid here: Precision 17 is invalid. Allowed precision"),
     (["trainer.num_nodes=0"], "error: trainer.num_nodes=0 is invalid here: `num_nodes` must be a positive integer"),
-    (["trainer.enable_progress_bar=maybe"], "error: trainer.enable_progress_bar=maybe is invalid: expected bool or null"),
+    (["trainer.enable_progress_bar=maybe"],
+     "error: trainer.enable_progress_bar=maybe is invalid: expected bool or null"),
     (["trainer.callbacks.0.init_args.every_n_train_step=3"],
      "error: trainer.callbacks.0.init_args.every_n_train_step is not an argument of ModelCheckpoint "
      "(did you mean every_n_train_steps?)"),
@@ -193,7 +208,8 @@ def test_malformed_config_files_name_file_line_and_column(capsys, tmp_path, text
 
 
 def test_config_file_that_is_missing_or_a_directory(capsys, tmp_path):
-    assert f"error: --config {tmp_path / 'x.yaml'}: no such file" == error_of(capsys, "--config", str(tmp_path / "x.yaml"))
+    missing = tmp_path / "x.yaml"
+    assert f"error: --config {missing}: no such file" == error_of(capsys, "--config", str(missing))
     assert "is a directory" in error_of(capsys, "--config", str(tmp_path))
 
 

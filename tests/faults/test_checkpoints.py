@@ -21,10 +21,10 @@ import torch
 import yaml
 from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 
-from lit_ppo.training.checkpoint_io import DIGEST_KEY, AtomicCheckpointIO, install_checkpoint_io, scan
-from lit_ppo.training.record import RECORD_KEY
 from lit_ppo.cli.fit import ckpt_path_arg
 from lit_ppo.run.resume import check_resume
+from lit_ppo.training.checkpoint_io import DIGEST_KEY, AtomicCheckpointIO, install_checkpoint_io, scan
+from lit_ppo.training.record import RECORD_KEY
 
 KILL_WRITER = Path(__file__).with_name("kill_writer.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -200,10 +200,9 @@ def test_written_checkpoint_has_its_digest_and_the_usual_mode(tmp_path):
 
 def test_a_users_trainer_gets_the_atomic_writer_and_never_saves_nan(run_dir, tmp_path):
     """LitPPO installs the writer in a user's own L.Trainer; NaN weights never reach the checkpoint."""
-    from lit_ppo.config import GenerationConfig, PPOActorConfig
+    from lit_ppo.config import GenerationConfig, ModelConfig, PPOActorConfig
     from lit_ppo.training.datamodule import RolloutDataModule
     from lit_ppo.training.module import LitPPO
-    from lit_ppo.config import ModelConfig
 
     module = LitPPO(ModelConfig(cache_dir=str(run_dir / "cache")), PPOActorConfig(kl_ctl=0.0), algo="grpo")
     data = RolloutDataModule(batch_size=2, gconfig=GenerationConfig(n_samples=2, max_new_tokens=2,
@@ -349,8 +348,8 @@ def test_ckpt_path_is_found_in_flags_and_config():
 @pytest.mark.slow
 def test_cli_refuses_before_a_model_loads_and_resumes_a_good_checkpoint(good, tree, run_dir, tmp_path, monkeypatch,
                                                                          capsys):
-    from lit_ppo.training import module
     from lit_ppo.cli.fit import main as run
+    from lit_ppo.training import module
 
     monkeypatch.setenv("LIT_PPO_CACHE", str(run_dir / "cache"))
     truncated = tmp_path / "truncated.ckpt"

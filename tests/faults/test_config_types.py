@@ -12,22 +12,23 @@ import pytest
 
 import lit_ppo.config
 from lit_ppo.__main__ import main
+from lit_ppo.config import ModelConfig
+from lit_ppo.config.keys import ROLLOUT_KEYS, typed_key
+from lit_ppo.config.sft import SFTConfig
+from lit_ppo.errors import ConfigError
 from lit_ppo.launch.check import check_config
 from lit_ppo.launch.compose import compose
-from lit_ppo.config.keys import ROLLOUT_KEYS, typed_key
-from lit_ppo.errors import ConfigError
-from lit_ppo.training.datamodule import RolloutDataModule
-from lit_ppo.config import ModelConfig
-from lit_ppo.config.sft import SFTConfig
 from lit_ppo.schedulers import SCHEDULERS
+from lit_ppo.training.datamodule import RolloutDataModule
 from tests.integration.conftest import FAST, run_cli
 
 pytestmark = pytest.mark.usefixtures("no_model_loading")
 
-SECTIONS = {"SFTConfig": "sft.", "NormConfig": "", "RejectionSamplingConfig": "rejection_sampling.", "OptimizerConfig": "optimizer.",
-            "PPOActorConfig": "", "PPOCriticConfig": "critic.", "GenerationConfig": "gconfig.", "EvalConfig": "eval.",
-            "ModelConfig": "model.", "SlurmConfig": "scheduler.", "RayConfig": "scheduler.", "RolloutConfig": "data.",
-            "TrustRegionMaskConfig": "trust_region_mask.", "ClipCovConfig": "clip_cov.", "KLCovConfig": "kl_cov."}
+SECTIONS = {"SFTConfig": "sft.", "NormConfig": "", "RejectionSamplingConfig": "rejection_sampling.",
+            "OptimizerConfig": "optimizer.", "PPOActorConfig": "", "PPOCriticConfig": "critic.",
+            "GenerationConfig": "gconfig.", "EvalConfig": "eval.", "ModelConfig": "model.", "SlurmConfig": "scheduler.",
+            "RayConfig": "scheduler.", "RolloutConfig": "data.", "TrustRegionMaskConfig": "trust_region_mask.",
+            "ClipCovConfig": "clip_cov.", "KLCovConfig": "kl_cov."}
 """Config dataclass -> the prefix its own errors give a field (the CLI adds ``actor.`` to the actor's); a key
 of the rollout group is named as typed, ``rollout.<key>`` (``typed_key``)."""
 CONFIGS = sorted({cls for _, cls in inspect.getmembers(lit_ppo.config, dataclasses.is_dataclass)

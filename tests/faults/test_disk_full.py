@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_ppo.training.checkpoint_io import AtomicCheckpointIO
 from lit_ppo.errors import RunStopped
+from lit_ppo.training.checkpoint_io import AtomicCheckpointIO
 from tests.faults.filesystems import file_size_limit, limit_file_size, mounted_tmpfs, read_only_directory
 from tests.integration.conftest import FAST, run_dir
 

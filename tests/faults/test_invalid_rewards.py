@@ -15,19 +15,20 @@ import pytest
 import torch
 
 from lit_ppo.__main__ import main
-from lit_ppo.config import GenerationConfig, NormConfig, PPOActorConfig
-from lit_ppo.training.datamodule import RolloutDataModule
-from lit_ppo.models import build_tiny_tokenizer
+from lit_ppo.config import GenerationConfig, ModelConfig, NormConfig, PPOActorConfig, RolloutConfig
 from lit_ppo.errors import RunStopped
+from lit_ppo.models import build_tiny_tokenizer
+from lit_ppo.rollout.engines.protocol import SamplingParams
+from lit_ppo.rollout.episodes.episode import checked_reward
+from lit_ppo.rollout.episodes.multi_turn import MultiTurnWorkflow
+from lit_ppo.rollout.episodes.single_turn import SingleTurnWorkflow
+from lit_ppo.tasks.base import Problem, reward_problem
+from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.training.module import LitPPO
-from lit_ppo.config import ModelConfig
-from lit_ppo.rollout.engine import SamplingParams
-from lit_ppo.rollout.workflows import MultiTurnWorkflow, SingleTurnWorkflow, checked_reward, reward_problem
-from lit_ppo.tasks.base import Problem
 from tests.faults import nan_task
 from tests.integration.conftest import FAST, REPO
 from tests.unit.fakes import ScriptedEngine
-from tests.unit.rollout.test_workflows_multiturn import END, ScriptedTask, c, gen
+from tests.unit.rollout.episodes.test_multi_turn import END, ScriptedTask, c, gen
 
 GROUP = NormConfig(mean_level="group", std_level="group")
 
@@ -139,13 +140,14 @@ class FixedEngine(ScriptedEngine):
 def test_single_turn_names_the_task_prompt_completion_and_value(tok):
     task = ValuesTask({"7": 1.0, "8": float("nan")})
     engine = FixedEngine([[gen(c("7") + [END]), gen(c("8") + [END])]])
-    workflow = SingleTurnWorkflow(tok, task, SamplingParams(n=2, max_new_tokens=4))
+    workflow = SingleTurnWorkflow(tok, task, SamplingParams(n=2, max_new_tokens=4), RolloutConfig())
     with pytest.raises(RunStopped) as error:
         workflow.run(engine, [Problem("3+4=", "7")])
     assert str(error.value) == (f"task 'values' returned reward nan for prompt '3+4=' (completion '8'): "
                                 f"not finite; {HINT}")
 
-    dropping = SingleTurnWorkflow(tok, task, SamplingParams(n=2, max_new_tokens=4), on_invalid_reward="drop")
+    dropping = SingleTurnWorkflow(tok, task, SamplingParams(n=2, max_new_tokens=4),
+                                  RolloutConfig(on_invalid_reward="drop"))
     rewards = dropping.run(engine, [Problem("3+4=", "7")]).rewards
     assert rewards.dtype == torch.float32 and rewards[0] == 1.0 and torch.isnan(rewards[1])
 
@@ -155,13 +157,14 @@ def test_multi_turn_checks_each_reported_reward_and_ends_an_invalid_episode(tok)
     scripts = {"1+1": [[("go on", None), ("more", "bad"), (None, 1.0)], [(None, 0.5)]]}
     script = [[gen(c("ab") + [END]), gen(c("2") + [END])], [gen(c("cd") + [END])]]
     params = SamplingParams(n=2, max_new_tokens=4)
-    workflow = MultiTurnWorkflow(tok, ScriptedTask(scripts), params, max_turns=3)
+    workflow = MultiTurnWorkflow(tok, ScriptedTask(scripts), params, RolloutConfig(max_turns=3))
     with pytest.raises(RunStopped) as error:
         workflow.run(ScriptedEngine(script), [Problem("1+1", "2")])
     assert str(error.value) == (f"task 'scripted' returned reward 'bad' for prompt '1+1' (completion 'cd'): "
                                 f"not a real number; {HINT}")
 
-    dropping = MultiTurnWorkflow(tok, ScriptedTask(scripts), params, max_turns=3, on_invalid_reward="drop")
+    dropping = MultiTurnWorkflow(tok, ScriptedTask(scripts), params,
+                                 RolloutConfig(max_turns=3, on_invalid_reward="drop"))
     engine = ScriptedEngine(script)
     batch = dropping.run(engine, [Problem("1+1", "2")])
     assert len(engine.prompts) == 2  # the invalid reward ended episode 0: no third turn was asked for

@@ -8,13 +8,19 @@ import warnings
 import pytest
 import torch
 
+from lit_ppo.config import (
+    GenerationConfig,
+    ModelConfig,
+    NormConfig,
+    PPOActorConfig,
+    RejectionSamplingConfig,
+    RolloutConfig,
+)
 from lit_ppo.launch.compose import compose
-from lit_ppo.config import GenerationConfig, NormConfig, PPOActorConfig, RejectionSamplingConfig, RolloutConfig
+from lit_ppo.rollout.engines.hf import HFEngine
 from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.training.guards import LogpGapCheck
 from lit_ppo.training.module import LitPPO
-from lit_ppo.config import ModelConfig
-from lit_ppo.rollout.hf_engine import HFEngine
 
 from ..integration.conftest import FAST, REPO, run_cli
 from ..integration.test_training import fit
@@ -134,8 +140,8 @@ def test_auto_is_the_float32_limit_in_float32_and_the_lower_precision_one_otherw
     for lower in (check("bf16-mixed"), check(dtype="bfloat16"), check(autocast="bfloat16"),
                   check(**BF16_ENGINE)):
         assert (lower.limit, lower.setting) == (0.1, "auto: 0.1 under lower precision"), lower
-    assert "(> rollout.max_logp_gap=auto: 0.1 under lower precision) at policy version 3: trainer.precision=bf16-mixed" \
-        in check("bf16-mixed").message(0.5, 3)
+    assert ("(> rollout.max_logp_gap=auto: 0.1 under lower precision) at policy version 3: "
+            "trainer.precision=bf16-mixed") in check("bf16-mixed").message(0.5, 3)
 
 
 @pytest.mark.parametrize("decoupled", [False, True], ids=["grpo", "with_rejection_icepop"])
@@ -160,7 +166,8 @@ def test_the_option_reaches_the_data_module_and_is_validated():
     assert compose([])["data"]["max_logp_gap"] == "auto"
     assert compose(["rollout=vllm"])["data"]["max_logp_gap"] == "auto"
     for bad in (0, -1e-3, "big", True):
-        with pytest.raises(ValueError, match=rf"^rollout.max_logp_gap={bad!r} is invalid: must be a (positive )?number"):
+        with pytest.raises(ValueError,
+                           match=rf"^rollout.max_logp_gap={bad!r} is invalid: must be a (positive )?number"):
             RolloutDataModule(max_logp_gap=bad)
 
 

@@ -9,11 +9,10 @@ import lightning as L
 import pytest
 import torch
 
-from lit_ppo.algos.losses import POLICY_LOSSES, ppo_clip_surrogate
-from lit_ppo.config import GenerationConfig, NormConfig, PPOActorConfig, PPOCriticConfig
+from lit_ppo.algos.surrogates import POLICY_LOSSES, ppo_clip_surrogate
+from lit_ppo.config import GenerationConfig, ModelConfig, NormConfig, PPOActorConfig, PPOCriticConfig
 from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.training.module import LitPPO
-from lit_ppo.config import ModelConfig
 
 GROUP = NormConfig(mean_level="group", std_level="group")
 

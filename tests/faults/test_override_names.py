@@ -11,12 +11,12 @@ import torch
 import yaml
 
 from lit_ppo.__main__ import main
-from lit_ppo.launch.compose import compose
-from lit_ppo.launch.run import evaluation_tree
-from lit_ppo.launch.lightning_cli import LitPPOCLI
 from lit_ppo.errors import ConfigError
+from lit_ppo.launch.compose import compose
+from lit_ppo.launch.lightning_cli import LitPPOCLI
+from lit_ppo.launch.run import evaluation_tree
 from lit_ppo.run.resume import CONFIG_STATE_KEY
-from lit_ppo.run.tracking import config_params
+from lit_ppo.run.tracked_run import config_params
 from tests.integration.conftest import FAST, run_cli
 
 pytestmark = pytest.mark.usefixtures("no_model_loading")

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from lit_ppo.run.lock import lock_run_dir
-from lit_ppo.run.tracking import new_run_dir
+from lit_ppo.run.run_dir import new_run_dir
 from tests.integration.conftest import run_cli
 
 TINY = ["logger=none", "data.batch_size=2", "gconfig.n_samples=2", "eval.max_problems=4",

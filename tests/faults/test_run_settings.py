@@ -14,7 +14,7 @@ import pytest
 from lit_ppo.__main__ import main
 from lit_ppo.launch.check import check_config
 from lit_ppo.launch.compose import compose
-from lit_ppo.run.tracking import new_run_dir
+from lit_ppo.run.run_dir import new_run_dir
 from tests.integration.conftest import run_cli
 
 pytestmark = pytest.mark.usefixtures("no_model_loading")

@@ -44,7 +44,8 @@ def test_a_sigkilled_sweep_stops_its_fit_which_saves_and_frees_its_run(tmp_path)
     (tmp_path / "progress_probe.py").write_text(PROBE)
     probe = tmp_path / "probe.txt"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {**os.environ, "LIT_PPO_CACHE": str(tmp_path / "cache"), "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    env = {**os.environ, "LIT_PPO_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
            "PROBE_FILE": str(probe), "MLFLOW_TRACKING_URI": uri}
     libc = ctypes.CDLL(None, use_errno=True)
     assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0

@@ -18,9 +18,10 @@ import pytest
 import yaml
 
 from lit_ppo.launch.compose import compose
-from lit_ppo.training.record import RECORD_KEY, RUN_KEY
+from lit_ppo.run.continued import continued_run
 from lit_ppo.run.mlflow_store import prepare_store
-from lit_ppo.run.tracking import _continued_run, create_run_dir, run_name
+from lit_ppo.run.run_dir import create_run_dir, run_name
+from lit_ppo.training.record import RECORD_KEY, RUN_KEY
 from tests.integration.conftest import REPO, run_cli
 
 # One RL iteration of the tiny model on the smallest batch: the cost is start-up, not training.
@@ -224,7 +225,7 @@ def resumed_config(tmp_path: Path, run: dict, uri: str) -> SimpleNamespace:
     inside.mkdir(exist_ok=True)
     ckpt = inside / "last.ckpt"
     torch.save({RECORD_KEY: {"algo": "grpo", RUN_KEY: run}}, ckpt)
-    logger = {"class_path": "lit_ppo.run.tracking.MLflowRunLogger",
+    logger = {"class_path": "lit_ppo.run.loggers.MLflowRunLogger",
               "init_args": {"tracking_uri": uri, "experiment_name": "lit_ppo", "run_id": None}}
     return SimpleNamespace(ckpt_path=str(ckpt), trainer=SimpleNamespace(logger=logger))
 
@@ -244,24 +245,24 @@ def test_a_resume_continues_the_recorded_run_only_where_it_still_is(tmp_path, ca
     capsys.readouterr()  # MLflow's notes on creating the store
 
     config = resumed_config(tmp_path, recorded, uri)
-    assert _continued_run(config) == run_dir and config.trainer.logger["init_args"]["run_id"] == run_id
+    assert continued_run(config) == run_dir and config.trainer.logger["init_args"]["run_id"] == run_id
     assert capsys.readouterr().err == ""
 
     ckpt = tmp_path / "last.ckpt"
     gone = resumed_config(tmp_path, {**recorded, "dir": str(tmp_path / "gone")}, uri)
-    assert _continued_run(gone) is None and gone.trainer.logger["init_args"]["run_id"] is None
+    assert continued_run(gone) is None and gone.trainer.logger["init_args"]["run_id"] is None
     assert capsys.readouterr().err == (f"note: --ckpt_path {ckpt}: its run directory {tmp_path / 'gone'} is gone: "
                                        "starting a new run\n")
-    assert _continued_run(resumed_config(tmp_path, {}, uri)) is None
+    assert continued_run(resumed_config(tmp_path, {}, uri)) is None
     assert capsys.readouterr().err == f"note: --ckpt_path {ckpt}: it records no run directory: starting a new run\n"
 
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     other = client.create_experiment("other")
     elsewhere = client.create_run(other).info.run_id
-    assert _continued_run(resumed_config(tmp_path, {**recorded, "mlflow_run_id": elsewhere}, uri)) is None
+    assert continued_run(resumed_config(tmp_path, {**recorded, "mlflow_run_id": elsewhere}, uri)) is None
     assert capsys.readouterr().err == (f"note: --ckpt_path {ckpt}: its MLflow run {elsewhere} is in experiment "
                                        "other, not lit_ppo: starting a new run\n")
     client.delete_run(run_id)
-    assert _continued_run(resumed_config(tmp_path, recorded, uri)) is None
+    assert continued_run(resumed_config(tmp_path, recorded, uri)) is None
     assert capsys.readouterr().err == (f"note: --ckpt_path {ckpt}: its MLflow run {run_id} (of {uri}) is not in "
                                        f"{uri}: starting a new run\n")

@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import pytest
 
 from lit_ppo.__main__ import main
-from lit_ppo.errors import ConfigError
 from lit_ppo.config import GenerationConfig
-from lit_ppo.training.datamodule import RolloutDataModule
+from lit_ppo.errors import ConfigError
 from lit_ppo.models import build_tiny, build_tiny_tokenizer, write_hf_files
+from lit_ppo.training.datamodule import RolloutDataModule
 from tests.faults.test_bad_input import error_of
 from tests.integration.conftest import run_cli
 

@@ -13,17 +13,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lit_ppo.training.checkpoint_io import DIGEST_KEY, scan
-from lit_ppo.training.record import RECORD_KEY
-from lit_ppo.run.resume import check_resume
-from lit_ppo.launch.compose import compose
-from lit_ppo.errors import ConfigError
 from lit_ppo.config import GenerationConfig
-from lit_ppo.training.datamodule import RolloutDataModule
-from lit_ppo.rollout.collector import Collector
-from lit_ppo.errors import RunStopped
+from lit_ppo.errors import ConfigError, RunStopped
+from lit_ppo.launch.compose import compose
 from lit_ppo.models import TinyModelConfig, build_tiny_tokenizer
+from lit_ppo.rollout.collector import Collector
+from lit_ppo.run.resume import check_resume
 from lit_ppo.tasks import ArithmeticTask, CalculatorTask
+from lit_ppo.training.checkpoint_io import DIGEST_KEY, scan
+from lit_ppo.training.datamodule import RolloutDataModule
+from lit_ppo.training.record import RECORD_KEY
 from tests.faults.test_bad_input import error_of
 from tests.integration.conftest import run_cli
 from tests.unit.fakes import FakeEngineBase

@@ -58,8 +58,8 @@ def test_the_smollm2_recipe_learns_on_one_gpu(tmp_path):
     from mlflow.tracking import MlflowClient
 
     store = f"sqlite:///{tmp_path}/mlflow.db"
-    result = run_cli(["fit", "recipe=smollm2_word_problems_gpu", "trainer.max_steps=20", "trainer.val_check_interval=20"],
-                     tmp_path, timeout=1800, env={"MLFLOW_TRACKING_URI": store})
+    result = run_cli(["fit", "recipe=smollm2_word_problems_gpu", "trainer.max_steps=20",
+                      "trainer.val_check_interval=20"], tmp_path, timeout=1800, env={"MLFLOW_TRACKING_URI": store})
     assert result.returncode == 0, result.stderr[-3000:]
     client = MlflowClient(store)
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
@@ -77,7 +77,7 @@ def test_a_reward_model_scores_on_the_gpu_and_offloads_between_scorings(tmp_path
     """``reward_model.offload``: the GPU holds the weights only while they score; without it they stay."""
     import asyncio
 
-    from tests.unit.tasks.rewards.test_model import PROMPTS, COMPLETIONS, classifier, reward_model
+    from tests.unit.tasks.rewards.test_model import COMPLETIONS, PROMPTS, classifier, reward_model
 
     path = classifier(tmp_path / "rm")
     on_cpu = asyncio.run(reward_model(path, device="cpu")(prompts=PROMPTS, completions=COMPLETIONS))

@@ -126,7 +126,7 @@ def test_bad_agent_settings_fail_in_one_line_before_any_model_loads(capsys, monk
     def refuse(*a, **k):
         raise AssertionError("a model was loaded before the config error was reported")
 
-    monkeypatch.setattr("lit_ppo.training.module.load_causal_lm", refuse)
+    monkeypatch.setattr("lit_ppo.models.policy.load_causal_lm", refuse)
     code = main(["fit", "data=agent", *args])
     err = capsys.readouterr().err.strip()
     assert code == 2, err

@@ -40,7 +40,8 @@ def test_bench_prefix_sharing_computes_fewer_slots_and_equal_logprobs():
     fewer slots than packed rows in both passes, the same log-probs."""
     out = run_script("bench_prefix_sharing.py", "--repeats", "1", "--threads", "1")
     rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| forward")]
-    assert [r[0].strip() for r in rows] == ["forward + backward, 4 minibatches", "forward without gradients, whole batch"]
+    assert [r[0].strip() for r in rows] == ["forward + backward, 4 minibatches",
+                                            "forward without gradients, whole batch"]
     for row in rows:
         packed_slots, default_slots, gap = int(row[4]), int(row[5]), float(row[6])
         assert default_slots < packed_slots and gap < 1e-4

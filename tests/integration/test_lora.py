@@ -59,8 +59,8 @@ def test_export_writes_the_merged_model_and_the_adapter(trained, tmp_path, monke
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from lit_ppo.run.export import policy_of_checkpoint
     from lit_ppo.models import TinyModelConfig, build_tiny
+    from lit_ppo.run.export import policy_of_checkpoint
 
     ckpt = trained / "checkpoints" / "last.ckpt"
     result = run_cli(["export", "--ckpt_path", str(ckpt), "--output", str(tmp_path / "merged"),

@@ -12,7 +12,7 @@ from lit_ppo.__main__ import main
 from lit_ppo.algos import validate_turn_ids
 from lit_ppo.config import GenerationConfig, PPOActorConfig, PPOCriticConfig
 from lit_ppo.models import build_tiny_tokenizer
-from lit_ppo.rollout.workflows import MultiTurnWorkflow
+from lit_ppo.rollout.episodes.multi_turn import MultiTurnWorkflow
 
 from .conftest import FAST, run_dir
 from .test_training import fit, make
@@ -46,7 +46,7 @@ def test_bad_multi_turn_settings_fail_before_any_model_loads(capsys, monkeypatch
     def refuse(*a, **k):
         raise AssertionError("a model was loaded before the config error was reported")
 
-    monkeypatch.setattr("lit_ppo.training.module.load_causal_lm", refuse)
+    monkeypatch.setattr("lit_ppo.models.policy.load_causal_lm", refuse)
     code = main(["fit", "data=calculator", *args])
     err = capsys.readouterr().err.strip()
     assert code == 2, err

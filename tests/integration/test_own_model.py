@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_ppo.models import PLAIN_CHAT_TEMPLATE, TINY_CHAT_TEMPLATE, build_tiny, write_hf_files, use_chat_template
+from lit_ppo.models import PLAIN_CHAT_TEMPLATE, TINY_CHAT_TEMPLATE, build_tiny, use_chat_template, write_hf_files
 from tests.faults.test_bad_input import error_of
 from tests.integration.conftest import run_cli, run_dir
 
@@ -93,9 +93,10 @@ def test_plain_prompt_format_without_chat_template():
 
 
 def test_plain_prompt_format_has_turns_for_multi_turn_tasks():
+    from lit_ppo.config import RolloutConfig
     from lit_ppo.models import build_tiny_tokenizer
-    from lit_ppo.rollout.engine import SamplingParams
-    from lit_ppo.rollout.workflows import MultiTurnWorkflow
+    from lit_ppo.rollout.engines.protocol import SamplingParams
+    from lit_ppo.rollout.episodes.multi_turn import MultiTurnWorkflow
 
     class Conversation:
         name = "conversation"
@@ -109,6 +110,6 @@ def test_plain_prompt_format_has_turns_for_multi_turn_tasks():
     tokenizer = build_tiny_tokenizer()
     tokenizer.chat_template = None
     use_chat_template(tokenizer)
-    workflow = MultiTurnWorkflow(tokenizer, Conversation(), SamplingParams(), max_turns=2)
+    workflow = MultiTurnWorkflow(tokenizer, Conversation(), SamplingParams(), RolloutConfig(max_turns=2))
     assert (workflow._assistant_close, workflow._feedback_open, workflow._feedback_close) == (
         "<|end|>\n", "User: ", "\nAssistant:")

@@ -10,10 +10,10 @@ import datasets
 import pytest
 
 import lit_ppo
-from lit_ppo.launch.check import check_config
-from lit_ppo.launch.compose import _all_keys, _trainer_keys
 from lit_ppo.config.keys import FOREIGN_KEYS
 from lit_ppo.errors import ConfigError
+from lit_ppo.launch.check import check_config
+from lit_ppo.launch.compose import _all_keys, _trainer_keys
 from lit_ppo.tasks import build_task
 from tests.faults.test_bad_input import error_of
 

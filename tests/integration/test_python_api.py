@@ -67,12 +67,13 @@ def test_the_first_example_runs_as_written(tmp_path):
     checkpoint = (directory / "checkpoints" / "last.ckpt").relative_to(tmp_path)
     given = "{'data.task_kwargs.reward_fns': [correct, <lambda>]}"
     assert f"  test scores    lit_ppo.validate({str(checkpoint)!r}, values={given})" in lines
+    values = given.replace("<lambda>", "lambda prompts, completions, **columns: [0.0] * len(completions)")
     script = EXAMPLES[0].split("config = lit_ppo.compose(")[0].split("rng = ")[0] + textwrap.dedent(f"""
         def correct(prompts, completions, answer, **columns):
             return [float(c.strip() == a) for c, a in zip(completions, answer)]
 
 
-        scores = lit_ppo.validate({str(checkpoint)!r}, values={given.replace("<lambda>", "lambda prompts, completions, **columns: [0.0] * len(completions)")})
+        scores = lit_ppo.validate({str(checkpoint)!r}, values={values})
         print(scores["eval/accuracy"])
         """)
     (tmp_path / "score.py").write_text(script)
@@ -84,7 +85,8 @@ def test_the_first_example_runs_as_written(tmp_path):
 
 def test_the_readmes_example_runs_in_this_process(tmp_path, monkeypatch):
     code = re.search(r"^```python\n(import lit_ppo\n.*?)```", (REPO / "README.md").read_text(), re.S | re.M).group(1)
-    shrunk = code.replace('"trainer.max_steps": 20', '"trainer.max_steps": 1, "data.batch_size": 2, "gconfig.n_samples": 2, '
+    shrunk = code.replace('"trainer.max_steps": 20',
+                          '"trainer.max_steps": 1, "data.batch_size": 2, "gconfig.n_samples": 2, '
                           '"gconfig.max_new_tokens": 4, "eval.max_problems": 2').replace(
         '"algo=grpo",', '"algo=grpo", "logger=none",')
     assert shrunk != code
@@ -136,8 +138,8 @@ def test_values_keep_their_python_types():
 
 @pytest.mark.parametrize("overrides,values,line", [
     (("algo=GRPO",), {}, "algo=GRPO is invalid (did you mean algo=grpo?): must be one of cispo, clip_cov, dapo, "
-                         "dapo_dynamic_bs, dppo, drgrpo, gdpo, gmpo, gpg, grpo, gspo, icepop, kdrl, kl_cov, kpop, liteppo, "
-                         "m2po, opd, ppo, reinforce_plus_plus, reinforce_plus_plus_baseline, rloo, sapo"),
+                         "dapo_dynamic_bs, dppo, drgrpo, gdpo, gmpo, gpg, grpo, gspo, icepop, kdrl, kl_cov, kpop, "
+                         "liteppo, m2po, opd, ppo, reinforce_plus_plus, reinforce_plus_plus_baseline, rloo, sapo"),
     ((), {"actor.eps_clip": -1}, "actor.eps_clip=-1 is invalid: must be a finite number >= 0.0"),
     ((), {"actor.eps_clipp": 0.3}, "actor.eps_clipp is not a key (did you mean actor.eps_clip?)"),
     ((), {"logger": None}, "logger is a preset group, not a value: give logger=<option> among the overrides (one "
@@ -200,5 +202,5 @@ def test_a_failed_run_raises_run_stopped_of_one_line(tmp_path, monkeypatch):
                              values={"data.task_kwargs.reward_fns": [broken], "trainer.max_steps": 2})
     with pytest.raises(RunStopped) as error:
         lit_ppo.fit(config)
-    assert str(error.value).startswith(f"reward function 'python:{__name__}.test_a_failed_run_raises_run_stopped_of_one_"
-                                       f"line.<locals>.broken' raised ValueError: no reward today for prompt ")
+    assert str(error.value).startswith(f"reward function 'python:{__name__}.test_a_failed_run_raises_run_stopped_of_"
+                                       f"one_line.<locals>.broken' raised ValueError: no reward today for prompt ")

@@ -52,7 +52,8 @@ def test_the_python_api_and_the_critic_follow_the_model(model_dir):
     assert (tiny["actor.optimizer.lr"], tiny["actor.entropy_coef"], tiny["critic.optimizer.lr"]) == (1e-3, 0.01, 1e-3)
     assert real_model_note(tiny.tree) is None
     config = lit_ppo.compose("algo=ppo", "logger=none", values={"model.source": str(model_dir)})
-    assert (config["actor.optimizer.lr"], config["actor.entropy_coef"], config["critic.optimizer.lr"]) == (1e-6, 0.0, 1e-5)
+    settings = (config["actor.optimizer.lr"], config["actor.entropy_coef"], config["critic.optimizer.lr"])
+    assert settings == (1e-6, 0.0, 1e-5)
     config["actor.optimizer.lr"] = 2e-6  # set after composing: the user's choice, not noted
     assert real_model_note(config.tree) == _note(model_dir, "actor.entropy_coef=0.0 (the tiny model's: 0.01)",
                                                  "critic.optimizer.lr=1e-05 (the tiny model's: 1.0e-3)")

@@ -6,8 +6,8 @@ directory, and the Python API's lock and reward functions defined again."""
 from __future__ import annotations
 
 import hashlib
-import subprocess
 import os
+import subprocess
 import sys
 from pathlib import Path
 

@@ -55,7 +55,8 @@ def test_the_reward_model_example_runs_as_written_and_the_policy_learns_the_pref
     # The reward model learned the preference: every odd answer above every even one, on unseen prompts.
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    rm, tokenizer = AutoModelForSequenceClassification.from_pretrained("odd-rm"), AutoTokenizer.from_pretrained("odd-rm")
+    rm = AutoModelForSequenceClassification.from_pretrained("odd-rm")
+    tokenizer = AutoTokenizer.from_pretrained("odd-rm")
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": "12+34="},
                                             {"role": "assistant", "content": str(d)}], tokenize=False)
              for d in range(10)]
@@ -166,7 +167,8 @@ def test_replies_without_a_verdict_stop_the_run_or_drop_their_groups(cli_here, f
     stopped = cli_here(*judge_command(fake))
     assert stopped.returncode == 1
     (line,) = [x for x in stopped.stderr.splitlines() if x.startswith("error:")]
-    assert "returned reward <no verdict in 'I cannot tell.'> for prompt" in line and "data.on_invalid_reward=drop" in line
+    assert "returned reward <no verdict in 'I cannot tell.'> for prompt" in line
+    assert "data.on_invalid_reward=drop" in line
 
     def reply(messages):  # no verdict for the prompts of an odd number
         a = int(re.search(r"Problem:\n(\d+)\+", messages[-1]["content"]).group(1))

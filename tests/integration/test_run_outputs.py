@@ -56,7 +56,8 @@ def test_a_fit_ends_with_a_summary_that_matches_the_record(demo_run, tmp_path):
     assert summary["eval"].startswith(f"accuracy {accuracy.value:.3g}, ") and summary["eval"].endswith(
         "(iteration 100)")
     checkpoint = demo_run.cwd / summary["checkpoint"]
-    assert demo_run.cwd / summary["run directory"] == demo_run.dir and checkpoint == demo_run.dir / "checkpoints" / "last.ckpt"
+    assert demo_run.cwd / summary["run directory"] == demo_run.dir
+    assert checkpoint == demo_run.dir / "checkpoints" / "last.ckpt"
     assert checkpoint.is_file() and (demo_run.cwd / summary["model"].split(" ")[0] / "config.json").is_file()
     assert summary["mlflow run"].startswith(f"{run.info.run_id} in {demo_run.env['MLFLOW_TRACKING_URI']}")
     assert "resume" not in summary  # the run is complete

@@ -78,7 +78,7 @@ def test_sft_learns_the_completions_and_leaves_a_model_that_fit_starts_from(sft_
      "error: sft takes key=value overrides and --ckpt_path, not --print_config: usage: python -m lit_ppo sft "
      "[group=option ...] [key=value ...] [sft.key=value ...] [--ckpt_path CKPT]"),
     (["data=dataset", "data.task_kwargs.train_path=sums.jsonl", "--ckpt_path", "nowhere.ckpt"],
-     "error: --ckpt_path nowhere.ckpt: no such checkpoint file"),
+     "error: --ckpt_path nowhere.ckpt: no such file"),
 ])
 def test_bad_sft_input_is_one_line_before_any_model_loads(cli_here, args, line):
     write_sums(cli_here.cwd / "sums.jsonl")
@@ -116,16 +116,17 @@ def test_sigterm_ends_the_step_writes_last_ckpt_exits_143_and_the_printed_resume
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "sft step 120/120" in done.stderr
-    finals = {int(torch.load(c, map_location="cpu", weights_only=True)["global_step"]): c
-              for c in tmp_path.glob("runs/*/*/checkpoints/last.ckpt")}
-    assert sorted(finals) == [step, 120]
+    # As a fit's, the resumed run goes on in its own run directory.
+    assert re.search(r"run directory: (\S+)", done.stderr).group(1) == str(ckpt.parent.parent.relative_to(tmp_path))
+    (final,) = tmp_path.glob("runs/*/*/checkpoints/last.ckpt")
+    assert torch.load(final, map_location="cpu", weights_only=True)["global_step"] == 120
     # Nothing is lost: the resumed run ends with the weights of a run that was never stopped.
     whole = tmp_path / "whole"
     whole.mkdir()
     write_sums(whole / "sums.jsonl")
     assert subprocess.run(args, cwd=whole, env=env, capture_output=True, timeout=600).returncode == 0
     (uninterrupted,) = whole.glob("runs/*/*/checkpoints/last.ckpt")
-    resumed = torch.load(finals[120], map_location="cpu", weights_only=True)["state_dict"]
+    resumed = torch.load(final, map_location="cpu", weights_only=True)["state_dict"]
     for name, value in torch.load(uninterrupted, map_location="cpu", weights_only=True)["state_dict"].items():
         torch.testing.assert_close(resumed[name], value, rtol=0, atol=0)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import shutil
 import shlex
+import shutil
 
 import pytest
 import yaml
@@ -192,7 +192,8 @@ def test_the_recipe_script_measures_any_seed_and_says_where_the_time_goes(tmp_pa
     assert [value for _, _, value in run["metrics"]["rollout/accepted"]] == [2, 2]  # no filter: every group
     assert [logged["iteration"] for logged in run["samples"].values()] == [1]  # the recipe's samples: iteration 1
     lines = result.stdout.splitlines()
-    assert "| seed | untrained | iteration 1 | iteration 2 | gain | s/iteration | whole command | peak memory |" in lines
+    assert ("| seed | untrained | iteration 1 | iteration 2 | gain | s/iteration | whole command | peak memory |"
+            in lines)
     (row,) = [line for line in lines if line.startswith(f"| 3 | {saved['baseline']:.3f} | ")]
     cells = row.strip("| ").split(" | ")
     assert [float(c) for c in cells[2:5]] == [round(a, 3) for _, _, a in accuracy] + [

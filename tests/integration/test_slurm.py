@@ -206,7 +206,8 @@ def test_job_trains_on_two_ranks_in_one_run_dir_and_is_requeued_on_sigusr1(tmp_p
     last = run_dir / "checkpoints" / "last.ckpt"
     stopped_at = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
     assert 1 <= stopped_at < 3, first[-3000:]
-    assert f"run directory: {run_dir.relative_to(tmp_path)}\n" in first and "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in first
+    assert f"run directory: {run_dir.relative_to(tmp_path)}\n" in first
+    assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in first
 
     # The requeued start: the same script resumes the run from last.ckpt in the same directory.
     (tmp_path / "pids").unlink()

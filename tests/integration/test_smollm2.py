@@ -11,8 +11,7 @@ import time
 import pytest
 import torch
 
-from lit_ppo.models import sources
-from lit_ppo.models import load_causal_lm, token_logprobs
+from lit_ppo.models import load_causal_lm, sources, token_logprobs
 from lit_ppo.models.sampling import sampling_logprobs
 from tests.integration.conftest import run_dir
 

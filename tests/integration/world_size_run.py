@@ -14,12 +14,11 @@ import argparse
 import lightning as L
 import torch
 
-from lit_ppo.config import EvalConfig, GenerationConfig, PPOActorConfig
+from lit_ppo.config import EvalConfig, GenerationConfig, ModelConfig, PPOActorConfig
+from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.training.fsdp import FSDP2Strategy, full_tensor
 from lit_ppo.training.module import LitPPO
-from lit_ppo.config import ModelConfig
-from lit_ppo.rollout.batch import RolloutBatch
 
 
 def groups_of_rank(spec: str, n_groups: int, rank: int, world: int) -> list[int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lit_ppo.rollout.engine import Completion, SamplingParams
+from lit_ppo.rollout.engines.protocol import Completion, SamplingParams
 
 
 class FakeEngineBase:

@@ -66,7 +66,8 @@ def _imports(module: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             # ``from lit_ppo import schedulers`` imports the module lit_ppo.schedulers, not the package
             names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
         for name in names:
@@ -140,6 +141,32 @@ def test_the_import_graph_has_no_circle():
     assert circles == []
 
 
+ROOMS = {
+    "lit_ppo.rollout.engines": ("lit_ppo.rollout.engines",),
+    "lit_ppo.rollout.episodes": ("lit_ppo.rollout.episodes", "lit_ppo.rollout.engines", "lit_ppo.rollout.batch"),
+}
+"""Rooms inside a layer's package -> what of that package they may import: the engines sample and know nothing
+of episodes; the episodes play a task's problems on an engine into the batch layout, below the stream, the
+collector and the producer that use them."""
+
+
+@pytest.mark.parametrize("room", sorted(ROOMS))
+def test_a_room_imports_only_the_rooms_below_it(room):
+    package = room.rsplit(".", 1)[0]
+    wrong = sorted(f"{module} imports {target}" for module in GRAPH if module.startswith(room)
+                   for target in GRAPH[module] if target.startswith(package + ".")
+                   and not any(target == allowed or target.startswith(allowed + ".") for allowed in ROOMS[room]))
+    assert wrong == []
+
+
+def test_the_task_contracts_live_with_the_tasks():
+    # A task implements them (an environment, an agent and the client it is handed) without importing rollout/.
+    assert not any(target.startswith("lit_ppo.rollout") for target in GRAPH["lit_ppo.tasks.base"])
+    from lit_ppo.tasks import base
+
+    assert {"Environment", "MultiTurnTask", "AgentTask", "ChatClient", "is_agent", "is_multi_turn"} <= set(vars(base))
+
+
 def test_the_python_api_reaches_no_command_line_module():
     assert sorted(m for m in GRAPH["lit_ppo.api"] if m.startswith("lit_ppo.cli")) == []
     assert any(m.startswith("lit_ppo.launch.") for m in GRAPH["lit_ppo.api"])
@@ -158,8 +185,8 @@ def test_the_math_models_and_tasks_load_no_lightning(package):
     assert result.returncode == 0, f"import {package} loads Lightning: {result.stdout}{result.stderr}"
 
 
-@pytest.mark.parametrize("module", ["lit_ppo.config", "lit_ppo.launch.presets", "lit_ppo.launch.compose", "lit_ppo.cli.help",
-                                    "lit_ppo.cli.fit"])
+@pytest.mark.parametrize("module", ["lit_ppo.config", "lit_ppo.launch.presets", "lit_ppo.launch.compose",
+                                    "lit_ppo.cli.help", "lit_ppo.cli.fit"])
 def test_the_configs_presets_and_help_load_no_torch(module):
     # `fit --help` and the composition of presets stay fast: no torch, no Lightning, no transformers.
     code = (f"import sys, {module}; loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
@@ -175,7 +202,7 @@ NOT_ONE_MODULE = {"tasks/test_registry.py": "lit_ppo.tasks", "algos/test_propert
 
 def _tested_module(path: Path) -> str | None:
     """The module a unit test file beside it tests: ``algos/test_losses.py`` -> ``lit_ppo.algos.losses``;
-    ``rollout/test_hf_engine_bf16.py`` -> ``lit_ppo.rollout.hf_engine`` (a topic of that module); None if
+    ``rollout/engines/test_hf_bf16.py`` -> ``lit_ppo.rollout.engines.hf`` (a topic of that module); None if
     no module of that package has the name."""
     relative = path.relative_to(UNIT).as_posix()
     if relative in NOT_ONE_MODULE:

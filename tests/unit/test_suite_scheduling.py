@@ -27,7 +27,7 @@ def test_every_file_that_uses_a_shared_session_fixture_is_in_its_group(fixture):
 def test_a_work_unit_is_a_file_or_a_shared_fixtures_group():
     assert work_unit("tests/integration/test_export.py::test_a[x::y]") == "demo_run"
     assert work_unit("tests/integration/test_sync_path_unchanged.py::test_b") == "demo_run"
-    assert work_unit("tests/unit/rollout/test_vllm_engine.py::test_c") == "smollm2_cache"
+    assert work_unit("tests/unit/rollout/engines/test_vllm.py::test_c") == "smollm2_cache"
     assert work_unit("tests/integration/test_smollm2.py::test_d") == "smollm2_cache"
     assert work_unit("tests/unit/algos/test_gae.py::test_e[1]") == work_unit("tests/unit/algos/test_gae.py::test_f")
     assert work_unit("tests/unit/algos/test_gae.py::test_e") == "tests/unit/algos/test_gae.py"

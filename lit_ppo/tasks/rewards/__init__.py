@@ -20,11 +20,28 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from lit_ppo.tasks.rewards.builtins import (BUILTINS, DEFAULT_FORMAT_PATTERN, NEEDS_ANSWER, exact_match,
-                                            format_reward, math_verify)
-from lit_ppo.tasks.rewards.calls import (CALL_KEYWORDS, DEFAULT_REWARD_CONCURRENCY, GroupScores, RewardCall,
-                                         RewardFunction, TrainerState, _callable_name, _number,
-                                         check_call_signatures, completion_text, metric_names, score_calls)
+from lit_ppo.tasks.rewards.builtins import (
+    BUILTINS,
+    DEFAULT_FORMAT_PATTERN,
+    NEEDS_ANSWER,
+    exact_match,
+    format_reward,
+    math_verify,
+)
+from lit_ppo.tasks.rewards.calls import (
+    CALL_KEYWORDS,
+    DEFAULT_REWARD_CONCURRENCY,
+    GroupScores,
+    RewardCall,
+    RewardFunction,
+    TrainerState,
+    _callable_name,
+    _number,
+    check_call_signatures,
+    completion_text,
+    metric_names,
+    score_calls,
+)
 from lit_ppo.tasks.rewards.judge import JUDGE, LLMJudge
 from lit_ppo.tasks.rewards.model import RewardModel, is_model_path
 from lit_ppo.utils.imports import import_object

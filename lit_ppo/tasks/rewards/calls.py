@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 from lit_ppo.errors import RunStopped
 from lit_ppo.tasks.base import reward_float, reward_problem
 from lit_ppo.utils.stop_requests import received_signal
+from lit_ppo.utils.text import shorten
 
 CALL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state")
 """The keywords every reward function is called with, besides one per dataset column."""
@@ -146,18 +147,13 @@ def _event_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 def _raised(f: RewardFunction, error: BaseException, prompts: list, completions: list) -> RunStopped:
     """The one-line failure of reward function ``f`` that raised ``error``."""
     n = len(completions)
     reason = f"{type(error).__name__}: {str(error).splitlines()[0]}" if str(error) else type(error).__name__
     which = "completion" if n == 1 else f"first of {n} completions"
-    return RunStopped(f"reward function {f.name!r} raised {reason} for prompt {_short(prompts[0])} "
-                      f"({which} {_short(completions[0], 40)})")
+    return RunStopped(f"reward function {f.name!r} raised {reason} for prompt {shorten(repr(prompts[0]), 60)} "
+                      f"({which} {shorten(repr(completions[0]), 40)})")
 
 
 def _interrupt_is_its_own() -> bool:
@@ -169,7 +165,7 @@ def _interrupt_is_its_own() -> bool:
 def _values(f: RewardFunction, values: Any, n: int) -> list:
     if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or len(values) != n:
         got = f"{len(values)} values" if hasattr(values, "__len__") and not isinstance(values, (str, bytes)) \
-            else _short(values, 40)
+            else shorten(repr(values), 40)
         raise RunStopped(f"reward function {f.name!r} returned {got} for {n} completions: it must return a "
                          f"list with one float (or None) per completion")
     return list(values)
@@ -224,7 +220,8 @@ def score_calls(fns: Sequence[RewardFunction], calls: Sequence[RewardCall], step
             call = calls[g]
             if isinstance(out, _TimedOut):
                 raise RunStopped(f"reward function {fns[i].name!r} took more than {timeout_s:g} s for prompt "
-                                 f"{_short(call.prompts[0])}: make it faster or raise data.task_kwargs.reward_timeout_s")
+                                 f"{shorten(repr(call.prompts[0]), 60)}: make it faster or raise "
+                                 f"data.task_kwargs.reward_timeout_s")
             if isinstance(out, BaseException):
                 raise _raised(fns[i], out, call.prompts, call.completions) from out
             outputs[g][i] = out

@@ -10,8 +10,9 @@ one label (``label`` for a classifier with several), normalised as ``(logit - me
 squashed by ``squash`` if set.
 
 Calls are batched across the batch's prompt groups (``BatchedCalls``): the texts of the calls that
-``score_calls`` awaits together are scored at once, ``batch_size`` per forward pass, off the event loop. The weights load at the first scoring, on ``device`` in ``dtype``; with ``offload`` they
-wait in CPU memory between scorings, so that an accelerator holds them only while they score.
+``score_calls`` awaits together are scored at once, ``batch_size`` per forward pass, off the event loop.
+The weights load at the first scoring, on ``device`` in ``dtype``; with ``offload`` they wait in CPU memory
+between scorings, so that an accelerator holds them only while they score.
 """
 
 from __future__ import annotations

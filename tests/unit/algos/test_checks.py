@@ -9,8 +9,13 @@ import math
 import pytest
 import torch
 
-from lit_ppo.algos import (ADVANTAGE_ESTIMATORS, POLICY_LOSSES, policy_loss, register_advantage_estimator,
-                           register_policy_loss)
+from lit_ppo.algos import (
+    ADVANTAGE_ESTIMATORS,
+    POLICY_LOSSES,
+    policy_loss,
+    register_advantage_estimator,
+    register_policy_loss,
+)
 from tests.unit.configs import checked_actor
 
 

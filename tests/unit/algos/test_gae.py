@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from lit_ppo.algos import compute_gae
-from tests.unit.values import assert_values, tensor as _t
+from tests.unit.values import assert_values
+from tests.unit.values import tensor as _t
 
 
 def _close(actual, expected, atol=1e-5, rtol=1e-5):

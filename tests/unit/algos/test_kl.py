@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from lit_ppo.algos import kl_estimate, kl_reward
-from tests.unit.values import assert_values as _close, tensor as _t
+from tests.unit.values import assert_values as _close
+from tests.unit.values import tensor as _t
 
 # logp - base = d = [0.5, -1, 0, 3, -0.5]
 LOGP = [0.5, -1.0, -2.0, 2.0, -1.5]

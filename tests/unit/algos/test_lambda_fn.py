@@ -14,8 +14,13 @@ import math
 import pytest
 import torch
 
-from lit_ppo.algos import (GaeLambdaContext, compute_gae, relative_position_gae_lambda, resolve_gae_lambda,
-                           vapo_length_adaptive_gae)
+from lit_ppo.algos import (
+    GaeLambdaContext,
+    compute_gae,
+    relative_position_gae_lambda,
+    resolve_gae_lambda,
+    vapo_length_adaptive_gae,
+)
 from lit_ppo.algos import lambda_fn as lambda_fn_module
 
 HERE = "tests.unit.algos.test_lambda_fn"

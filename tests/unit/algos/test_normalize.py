@@ -13,7 +13,8 @@ import torch
 
 from lit_ppo.algos import normalize
 from lit_ppo.config import NormConfig
-from tests.unit.values import assert_values as _close, tensor as _t
+from tests.unit.values import assert_values as _close
+from tests.unit.values import tensor as _t
 
 
 def _cfg(mean_level="batch", std_level="batch", **kw):

@@ -317,7 +317,9 @@ def test_sequence_ratio_mean_padded_rows():
 def test_sequence_ratio_mean_mask_drops_whole_sequence():
     # Row 0: mean l = (0 + 2 + 2.5)/3 = 1.5 -> e^1.5 = 4.48 <= 5 kept (although exp(2.5) = 12.2 > 5).
     # Row 1: mean l = (2 + 1.8)/2 = 1.9 -> e^1.9 = 6.69 > 5 dropped; 2 of 5 valid tokens rejected.
-    m, w, s = _run([[0.0, 2.0, 2.5], [2.0, 1.8, 0.0]], mask=[[1, 1, 1], [1, 1, 0]], level="sequence", agg="mean", upper=5.0)
+    m, w, s = _run(
+        [[0.0, 2.0, 2.5], [2.0, 1.8, 0.0]], mask=[[1, 1, 1], [1, 1, 0]], level="sequence", agg="mean", upper=5.0
+    )
     _assert_mask(m, [[1, 1, 1], [0, 0, 0]])
     c = math.exp(1.5)
     _assert_w(w, [[c, c, c], [0.0, 0.0, 0.0]])
@@ -391,7 +393,9 @@ def test_sequence_agg_sum_kl_k2():
 
 def test_sequence_agg_sum_kl_k2_padding_not_summed():
     # Padded positions (l = 5 there, k2 = 12.5) are excluded from the sum: valid sum = 0.5 kept.
-    m, _, _ = _run([[0.5, 0.5, 0.5, 0.5, 5.0]], mask=[[1, 1, 1, 1, 0]], level="sequence", metric="kl_k2", agg="sum", upper=1.0)
+    m, _, _ = _run(
+        [[0.5, 0.5, 0.5, 0.5, 5.0]], mask=[[1, 1, 1, 1, 0]], level="sequence", metric="kl_k2", agg="sum", upper=1.0
+    )
     _assert_mask(m, [[1, 1, 1, 1, 0]])
 
 
@@ -423,14 +427,19 @@ def test_sequence_agg_max_ignores_padding():
 def test_sequence_agg_max_negative_values_and_empty_row():
     # kl_k1 max over the valid [-1, -0.6] is -0.6: kept at lower -0.8, dropped at lower -0.5 (a max
     # that counted the padded 0 would give 0 and keep it).
-    m, _, _ = _run([[-1.0, -0.6, 0.0]], mask=[[1, 1, 0]], level="sequence", metric="kl_k1", agg="max", lower=-0.8, upper=1.0)
+    m, _, _ = _run(
+        [[-1.0, -0.6, 0.0]], mask=[[1, 1, 0]], level="sequence", metric="kl_k1", agg="max", lower=-0.8, upper=1.0
+    )
     _assert_mask(m, [[1, 1, 0]])
-    m, _, _ = _run([[-1.0, -0.6, 0.0]], mask=[[1, 1, 0]], level="sequence", metric="kl_k1", agg="max", lower=-0.5, upper=1.0)
+    m, _, _ = _run(
+        [[-1.0, -0.6, 0.0]], mask=[[1, 1, 0]], level="sequence", metric="kl_k1", agg="max", lower=-0.5, upper=1.0
+    )
     _assert_mask(m, [[0, 0, 0]])
     # A row with every token masked gets aggregate 0 -> in bounds; no error, no NaN, weight 0; the
     # fraction counts valid tokens only (row 1 kept -> 0).
     m, w, s = _run(
-        [[5.0, 7.0], [0.2, 0.1]], mask=[[0, 0], [1, 1]], level="sequence", metric="kl_k1", agg="max", lower=-1.0, upper=1.0
+        [[5.0, 7.0], [0.2, 0.1]], mask=[[0, 0], [1, 1]], level="sequence", metric="kl_k1", agg="max",
+        lower=-1.0, upper=1.0,
     )
     _assert_mask(m, [[0, 0], [1, 1]])
     _assert_w(w, [[0.0, 0.0], [math.exp(0.2), math.exp(0.1)]])
@@ -558,13 +567,15 @@ def test_neg_inf_behave_on_valid_token_no_nan():
 def test_shape_mismatch_raises(shapes):
     sp, sb, sm = shapes
     with pytest.raises(ValueError, match="shape"):
-        rejection_sampling(torch.zeros(sp), torch.zeros(sb), torch.ones(sm, dtype=torch.bool), RejectionSamplingConfig())
+        rejection_sampling(torch.zeros(sp), torch.zeros(sb), torch.ones(sm, dtype=torch.bool),
+                           RejectionSamplingConfig())
 
 
 @pytest.mark.parametrize("shape", [(6,), (1, 2, 3)])
 def test_ndim_not_two_raises(shape):
     with pytest.raises(ValueError, match="shape"):
-        rejection_sampling(torch.zeros(shape), torch.zeros(shape), torch.ones(shape, dtype=torch.bool), RejectionSamplingConfig())
+        rejection_sampling(torch.zeros(shape), torch.zeros(shape), torch.ones(shape, dtype=torch.bool),
+                           RejectionSamplingConfig())
 
 
 def test_inputs_not_modified():

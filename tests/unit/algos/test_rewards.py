@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from lit_ppo.algos import overlong_penalty, shape_rewards
-from tests.unit.values import assert_values as _close, tensor as _t
-
+from tests.unit.values import assert_values as _close
+from tests.unit.values import tensor as _t
 
 # --------------------------------------------------------------------------------------------
 # overlong_penalty

@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from lit_ppo.cli import main
-from lit_ppo.launch.compose import compose
 from lit_ppo.config import EvalConfig, GenerationConfig, ModelConfig, PPOActorConfig, PPOCriticConfig, RolloutConfig
 from lit_ppo.config.keys import ROLLOUT_KEYS
+from lit_ppo.launch.compose import compose
 
 ROOT = Path(__file__).resolve().parents[3]
 LINE = re.compile(r"^  (\S+?)=(.*?)(?:  \((.*)\))?$")
@@ -104,7 +104,8 @@ def _expected(overrides: list[str]) -> dict[str, object]:
     return expected
 
 
-@pytest.mark.parametrize("overrides", [[], ["algo=dapo"], ["algo=ppo", "data=calculator"], ["recipe=smollm2_word_problems"],
+@pytest.mark.parametrize("overrides", [[], ["algo=dapo"], ["algo=ppo", "data=calculator"],
+                                       ["recipe=smollm2_word_problems"],
                                        ["algo=icepop", "actor.eps_clip=0.3", "data.gconfig.n_samples=3"]])
 def test_fit_help_shows_every_key_with_the_composed_value(capsys, overrides):
     shown = _keys(_help(capsys, "fit", *overrides, "--help"))
@@ -234,8 +235,8 @@ def test_help_loads_neither_torch_nor_lightning():
 
 MISTAKES = {
     "algo=GRPO": "error: algo=GRPO is invalid (did you mean algo=grpo?): must be one of cispo, clip_cov, dapo, "
-                 "dapo_dynamic_bs, dppo, drgrpo, gdpo, gmpo, gpg, grpo, gspo, icepop, kdrl, kl_cov, kpop, liteppo, m2po, opd, ppo, "
-                 "reinforce_plus_plus, reinforce_plus_plus_baseline, rloo, sapo",
+                 "dapo_dynamic_bs, dppo, drgrpo, gdpo, gmpo, gpg, grpo, gspo, icepop, kdrl, kl_cov, kpop, liteppo, "
+                 "m2po, opd, ppo, reinforce_plus_plus, reinforce_plus_plus_baseline, rloo, sapo",
     "actor.eps_clipp=0.3": "error: actor.eps_clipp is not a key (did you mean actor.eps_clip?)",
     "actor.eps_clip=-1": "error: actor.eps_clip=-1 is invalid: must be a finite number >= 0.0",
     "gconfig.n_samples=x": "error: gconfig.n_samples='x' is invalid: must be an integer",

@@ -277,16 +277,6 @@ def test_actor_c_clip_valid():
     assert PPOActorConfig(c_clip=1.01).c_clip == 1.01
 
 
-@pytest.mark.parametrize("field, val", [("sapo_tau_pos", 0.0), ("sapo_tau_pos", -1.0), ("sapo_tau_neg", 0.0), ("sapo_tau_neg", -0.5)])
-def test_actor_sapo_tau_positive(field, val):
-    _raises(PPOActorConfig, field, use_sapo_loss=True, **{field: val})
-
-
-def test_actor_sapo_with_decoupled_raises():
-    _raises(PPOActorConfig, ("use_decoupled_loss", "decoupled"), use_sapo_loss=True, use_decoupled_loss=True)
-    _raises(PPOActorConfig, ("use_decoupled_loss", "decoupled"), policy_loss="sapo", use_decoupled_loss=True)
-
-
 def test_actor_overlong_requires_tokens_and_factor():
     _raises(PPOActorConfig, "overlong_tokens", overlong_reward_penalty=True, overlong_penalty_factor=1.0)
     _raises(PPOActorConfig, "overlong_penalty_factor", overlong_reward_penalty=True, overlong_tokens=4)
@@ -320,7 +310,8 @@ def test_actor_enum_fields_invalid(field, bad, allowed):
 
 @pytest.mark.parametrize(
     "field, val",
-    [("gae_timestep_unit", "turn"), ("kl_estimator", "k2"), ("kl_estimator", "k3"), ("importance_sampling_level", "sequence")],
+    [("gae_timestep_unit", "turn"), ("kl_estimator", "k2"), ("kl_estimator", "k3"),
+     ("importance_sampling_level", "sequence")],
 )
 def test_actor_enum_fields_valid(field, val):
     assert getattr(PPOActorConfig(**{field: val}), field) == val
@@ -444,7 +435,8 @@ def test_actor_rejection_dict_converted():
     )
     assert isinstance(c.rejection_sampling, RejectionSamplingConfig)
     rs = c.rejection_sampling
-    assert (rs.level, rs.action, rs.metric, rs.upper, rs.lower, rs.agg) == ("token", "mask", "binary_kl", 2.0, None, "mean")
+    assert (rs.level, rs.action, rs.metric, rs.upper, rs.lower, rs.agg) == (
+        "token", "mask", "binary_kl", 2.0, None, "mean")
 
 
 def test_actor_rejection_dict_clamp_sets_lower():
@@ -482,10 +474,6 @@ def test_policy_loss_sapo_sets_use_sapo_loss():
     c = PPOActorConfig(policy_loss="sapo")
     assert c.use_sapo_loss is True
     assert c.policy_loss == "sapo"
-
-
-def test_policy_loss_sapo_validates_taus():
-    _raises(PPOActorConfig, "sapo_tau_pos", policy_loss="sapo", sapo_tau_pos=0.0)
 
 
 def test_policy_loss_sapo_selects_sapo_in_loss():

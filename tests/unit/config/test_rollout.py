@@ -43,3 +43,16 @@ def test_engine_precision_settings_are_validated_before_any_model_loads():
     assert compose(["rollout.engine_kwargs.dtype=bfloat16"])["data"]["engine_kwargs"] == {"dtype": "bfloat16"}
     RolloutDataModule(engine_kwargs={"dtype": "bfloat16", "autocast": "bfloat16", "max_batch_size": 8})
     RolloutDataModule(engine="vllm", engine_kwargs={"dtype": "half"})  # vLLM's own values: vLLM checks them
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_turns": 0}, "^data.max_turns=0 is invalid: must be a positive integer$"),
+    ({"max_turns": 2.0}, "^data.max_turns=2.0 is invalid"),
+    ({"max_turns": True}, "^data.max_turns=True is invalid"),
+    ({"turn_discount": 0.0}, r"^data.turn_discount=0.0 is invalid: must be a number in \(0, 1\]$"),
+    ({"turn_discount": 1.5}, "^data.turn_discount=1.5 is invalid"),
+    ({"turn_discount": True}, "^data.turn_discount=True is invalid"),
+])
+def test_the_turn_settings_the_workflows_take_are_checked(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RolloutConfig(**kwargs)

@@ -18,9 +18,10 @@ import torch
 import yaml
 
 from lit_ppo.algos import compute_advantages, policy_loss
+from lit_ppo.algos.checks import check_names
+from lit_ppo.config import PPOActorConfig
 from lit_ppo.launch.compose import compose
 from lit_ppo.launch.presets import conf_dir, group_options
-from lit_ppo.config import PPOActorConfig
 
 REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
 GROUPS = [[0, 1, 2], [3, 4, 5]]
@@ -91,7 +92,7 @@ def test_every_algo_preset_composes_into_a_valid_actor():
         needs = ["model.teacher=some-teacher"] if preset in ("opd", "kdrl") else []  # no default teacher
         tree = compose([f"algo={preset}", "logger=none", *needs])
         assert tree["model"]["algo"] == preset
-        PPOActorConfig(**tree["model"]["actor"])
+        check_names(PPOActorConfig(**tree["model"]["actor"]))  # the names and each loss's rule
 
 
 def test_opd_distils_the_teacher_token_by_token():
@@ -379,7 +380,8 @@ def test_geo_mask_drops_rows_whose_geometric_mean_weight_leaves_one_percent():
     behave = -torch.tensor([[0.005, 0.005], [0.02, 0.0], [-0.011, -0.009]])
     zeros = torch.zeros(3, 2)
     mask = torch.ones(3, 2, dtype=torch.bool)
-    loss, stats = policy_loss(zeros.clone().requires_grad_(True), zeros, torch.ones(3, 2), mask, cfg, behave_logp=behave)
+    loss, stats = policy_loss(zeros.clone().requires_grad_(True), zeros, torch.ones(3, 2), mask, cfg,
+                              behave_logp=behave)
     assert float(loss) == pytest.approx(-(2 * math.exp(0.005) + 2 * math.exp(-0.01)) / 6, rel=1e-5)
     assert float(stats["filtered_fraction"]) == pytest.approx(2 / 6)
 
@@ -394,8 +396,8 @@ def test_dppo_is_the_trust_region_mask_on_the_truncated_ratio():
 
 def test_gmpo_and_m2po_presets():
     gmpo = actor_of("gmpo")
-    assert (gmpo.policy_loss, gmpo.importance_sampling_level, gmpo.eps_clip, gmpo.eps_clip_higher, gmpo.loss_agg_mode) == (
-        "gmpo", "sequence", 0.4, 0.4, "seq-mean-token-mean")
+    assert (gmpo.policy_loss, gmpo.importance_sampling_level, gmpo.eps_clip, gmpo.eps_clip_higher,
+            gmpo.loss_agg_mode) == ("gmpo", "sequence", 0.4, 0.4, "seq-mean-token-mean")
     m2po = actor_of("m2po")
     assert (m2po.policy_loss, m2po.use_decoupled_loss, m2po.m2_threshold, m2po.ppo_n_minibatches) == (
         "unclipped", True, 0.04, 1)

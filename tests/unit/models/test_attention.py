@@ -9,12 +9,11 @@ import math
 import pytest
 import torch
 
-from lit_ppo.models.attention import NAME, float32_on_cpu_attention, use_float32_attention_on_cpu
 from lit_ppo.models import load_causal_lm
+from lit_ppo.models.attention import NAME, float32_on_cpu_attention, use_float32_attention_on_cpu
 from lit_ppo.models.packing import packed_hidden_states, packing_supported, padded_hidden_states
-from lit_ppo.rollout.engine import SamplingParams
-from lit_ppo.rollout.hf_engine import HFEngine
-
+from lit_ppo.rollout.engines.hf import HFEngine
+from lit_ppo.rollout.engines.protocol import SamplingParams
 from tests.unit.logprob_gap import gap
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -71,7 +70,8 @@ def test_loaded_models_use_it_and_their_float32_results_do_not_change(tmp_path):
     ids = torch.randint(2, 40, (4, 12), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[0, 8:] = 0
-    assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, plain(input_ids=ids, attention_mask=mask).logits)
+    assert torch.equal(model(input_ids=ids, attention_mask=mask).logits,
+                       plain(input_ids=ids, attention_mask=mask).logits)
     eager = llama("eager")
     use_float32_attention_on_cpu(eager)  # other implementations stay as they are
     assert eager.config._attn_implementation == "eager"

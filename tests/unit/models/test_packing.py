@@ -14,13 +14,20 @@ import warnings
 import pytest
 import torch
 
-from lit_ppo.models import packing
 from lit_ppo.config import ModelConfig
-from lit_ppo.models.lora import add_lora, lora_config
-from lit_ppo.models import TinyModelConfig, build_critic, build_tiny, token_logprobs
+from lit_ppo.models import TinyModelConfig, build_critic, build_tiny, packing, token_logprobs
 from lit_ppo.models.logprobs import _hidden_states
-from lit_ppo.models.packing import (first_fit_decreasing, packed_hidden_states, packing_supported, padded_hidden_states,
-                                   plan_packing, plan_prefix_tree, planned_hidden_states, prefix_tree_supported)
+from lit_ppo.models.lora import add_lora, lora_config
+from lit_ppo.models.packing import (
+    first_fit_decreasing,
+    packed_hidden_states,
+    packing_supported,
+    padded_hidden_states,
+    plan_packing,
+    plan_prefix_tree,
+    planned_hidden_states,
+    prefix_tree_supported,
+)
 
 T = 10
 SPANS = ((0, 10), (2, 6), (4, 1), (0, 3), (5, 5), (1, 2), (3, 6))

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from lit_ppo.config import EvalConfig
-from lit_ppo.rollout.evaluation import SUMS, Evaluation, eval_metrics, greedy
-from lit_ppo.rollout.engine import SamplingParams
 from lit_ppo.models.sampling import sampling_logits
+from lit_ppo.rollout.engines.protocol import SamplingParams
+from lit_ppo.rollout.evaluation import SUMS, Evaluation, eval_metrics, greedy
 
 
 class ScriptedWorkflow:
@@ -68,7 +68,8 @@ def test_no_problems_logs_nothing():
 
 def test_greedy_keeps_the_restriction_and_takes_the_argmax():
     params = greedy(SamplingParams(n=8, temperature=0.7, top_k=3, top_p=0.9, allowed_token_ids=[1, 3]))
-    assert (params.n, params.temperature, params.top_k, params.top_p, params.allowed_token_ids) == (1, 0.0, 0, 1.0, [1, 3])
+    assert (params.n, params.temperature, params.top_k, params.top_p, params.allowed_token_ids) == (
+        1, 0.0, 0, 1.0, [1, 3])
     logits = torch.tensor([[5.0, 1.0, 0.0, 2.0], [0.0, 3.0, 3.0, 3.0]])
     allowed = torch.tensor([False, True, False, True])
     logp = sampling_logits(logits, temperature=0.0, allowed=allowed).log_softmax(-1)
@@ -79,9 +80,12 @@ def test_greedy_keeps_the_restriction_and_takes_the_argmax():
         sampling_logits(logits, temperature=-1)
 
 
-@pytest.mark.parametrize("field, value, allowed", [("k", -1, "an integer >= 0"), ("max_problems", -2, r"an integer >= 0 \(0 disables evaluation\) or null"),
-                                                   ("success_threshold", math.inf, "a finite number"),
-                                                   ("batch_size", 0, "a positive integer")])
+@pytest.mark.parametrize("field, value, allowed", [
+    ("k", -1, "an integer >= 0"),
+    ("max_problems", -2, r"an integer >= 0 \(0 disables evaluation\) or null"),
+    ("success_threshold", math.inf, "a finite number"),
+    ("batch_size", 0, "a positive integer"),
+])
 def test_eval_config_names_the_key(field, value, allowed):
     with pytest.raises(ValueError, match=rf"eval\.{field}=.* is invalid: must be {allowed}"):
         EvalConfig(**{field: value})

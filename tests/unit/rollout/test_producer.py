@@ -10,10 +10,10 @@ import time
 import pytest
 import torch
 
-from lit_ppo.rollout.batch import RolloutBatch
-from lit_ppo.rollout.engine import Completion, SamplingParams
 from lit_ppo.config import PPOActorConfig
 from lit_ppo.config.sections import actor_rollout_problem
+from lit_ppo.rollout.batch import RolloutBatch
+from lit_ppo.rollout.engines.protocol import Completion, SamplingParams
 from lit_ppo.rollout.producer import AsyncProducer, SharedEngine, batch_to_dict, drop_stale
 from tests.unit.fakes import FakeEngineBase
 
@@ -75,7 +75,8 @@ def batch_at(version: int, rows: int = 1, first_token: int = 0) -> RolloutBatch:
                         behave_logp=torch.where(loss_mask, -0.5, 0.0), versions=torch.where(loss_mask, version, -1),
                         turn_ids=torch.where(loss_mask, 0, -1), rewards=torch.arange(rows, dtype=torch.float32),
                         truncated=torch.zeros(rows, dtype=torch.bool), group_sizes=torch.ones(rows, dtype=torch.long),
-                        prompts=[f"p{r}" for r in range(rows)], completions=["c"] * rows, metrics={"time/generate_s": 0.5})
+                        prompts=[f"p{r}" for r in range(rows)], completions=["c"] * rows,
+                        metrics={"time/generate_s": 0.5})
 
 
 class ScriptedRun:

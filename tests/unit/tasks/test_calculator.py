@@ -14,9 +14,8 @@ from fractions import Fraction
 import pytest
 
 from lit_ppo.models import CHARACTERS, build_tiny_tokenizer
-from lit_ppo.rollout.workflows import is_multi_turn
 from lit_ppo.tasks import TASKS, ArithmeticTask, CalculatorTask, build_task
-from lit_ppo.tasks.base import Problem
+from lit_ppo.tasks.base import Problem, is_multi_turn
 from lit_ppo.tasks.calculator import CalculatorError, find_tool_call, format_number, safe_eval
 
 

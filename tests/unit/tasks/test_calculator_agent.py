@@ -8,7 +8,7 @@ import pytest
 
 from lit_ppo.tasks.base import Problem
 from lit_ppo.tasks.calculator_agent import TOOL_CREDIT, calculate, final_number, solve
-from tests.unit.rollout.test_chat_client import CHATML, IM_START, client_of
+from tests.unit.rollout.episodes.test_chat_client import CHATML, IM_START, client_of
 
 PROBLEM = Problem("What is 964*59?", "56876")
 CALL = '{"name": "calculator", "arguments": {"expression": "964*59"}}'

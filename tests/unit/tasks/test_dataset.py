@@ -11,9 +11,11 @@ import textwrap
 
 import pytest
 
+from lit_ppo.config import RolloutConfig
 from lit_ppo.errors import RunStopped
-from lit_ppo.rollout.engine import SamplingParams
-from lit_ppo.rollout.workflows import SingleTurnWorkflow, checked_reward
+from lit_ppo.rollout.engines.protocol import SamplingParams
+from lit_ppo.rollout.episodes.episode import checked_reward
+from lit_ppo.rollout.episodes.single_turn import SingleTurnWorkflow
 from lit_ppo.tasks import DatasetTask, build_task
 from lit_ppo.tasks.base import Columns, Problem, Task
 from lit_ppo.tasks.rewards import completion_text, exact_match, format_reward, math_verify
@@ -130,7 +132,7 @@ def test_messages_prompt_reaches_the_chat_template_as_messages(tmp_path):
             return [5, 6]
 
     tok = RecordingTokenizer()
-    wf = SingleTurnWorkflow(tok, task, SamplingParams(n=1, max_new_tokens=2), system_prompt="default")
+    wf = SingleTurnWorkflow(tok, task, SamplingParams(n=1, max_new_tokens=2), RolloutConfig(system_prompt="default"))
     assert wf.prompt_ids(first) == [5, 6]
     wf.prompt_ids(second)
     wf.prompt_ids(Problem(prompt="plain", answer=""))
@@ -387,7 +389,7 @@ class GroupEngine:
     version = 3
 
     def generate(self, prompts, params):
-        from lit_ppo.rollout.engine import Completion
+        from lit_ppo.rollout.engines.protocol import Completion
 
         return [[Completion(token_ids=[7 + k], logprobs=[-0.5], stopped=True, version=0) for k in range(params.n)]
                 for _ in prompts]
@@ -405,7 +407,7 @@ class DigitTokenizer:
 
 def test_workflow_calls_each_reward_function_once_per_group(tmp_path):
     task = DatasetTask(train_path=write(tmp_path / "t.jsonl"), reward_fns=[f"{HERE}.recording"])
-    wf = SingleTurnWorkflow(DigitTokenizer(), task, SamplingParams(n=3, max_new_tokens=1))
+    wf = SingleTurnWorkflow(DigitTokenizer(), task, SamplingParams(n=3, max_new_tokens=1), RolloutConfig())
     problems = list(task.problems("train"))[4:6]  # answers "8" and "10"
     batch = wf.run(GroupEngine(), problems)
     assert len(CALLS) == 2
@@ -425,8 +427,8 @@ def test_a_wrong_number_of_group_rewards_stops_the_run():
         def group_rewards(self, problem, completions):
             return [0.0]
 
-    from lit_ppo.rollout.engine import Completion
-    from lit_ppo.rollout.workflows import group_rewards
+    from lit_ppo.rollout.engines.protocol import Completion
+    from lit_ppo.rollout.episodes.episode import group_rewards
 
     completions = [Completion(token_ids=[2], logprobs=[-0.5], stopped=True, version=0)] * 2
     with pytest.raises(RunStopped, match="task 'short' returned 1 rewards for 2 completions"):

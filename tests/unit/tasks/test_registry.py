@@ -9,7 +9,8 @@ from tests.unit.tasks.helpers import GSM8K_SAMPLE
 
 
 def test_registry_names():
-    assert TASKS.names() == ["agent", "arithmetic", "calculator", "dataset", "gsm8k", "gsm_symbolic", "reasoning_gym", "word_problems"]
+    assert TASKS.names() == ["agent", "arithmetic", "calculator", "dataset", "gsm8k", "gsm_symbolic", "reasoning_gym",
+                             "word_problems"]
 
 
 def test_build_task():
@@ -23,8 +24,9 @@ def test_build_task():
 
 
 def test_build_task_errors():
-    with pytest.raises(ValueError, match="data.task='math' is invalid: unknown task 'math'; registered: agent, arithmetic, "
-                                         "calculator, dataset, gsm8k, gsm_symbolic, reasoning_gym, word_problems, or a dotted path"):
+    with pytest.raises(ValueError, match="data.task='math' is invalid: unknown task 'math'; registered: agent, "
+                                         "arithmetic, calculator, dataset, gsm8k, gsm_symbolic, reasoning_gym, "
+                                         "word_problems, or a dotted path"):
         build_task("math")
     with pytest.raises(ValueError, match="data.task_kwargs.no_such_option is not a key of task 'arithmetic'"):
         build_task("arithmetic", no_such_option=1)

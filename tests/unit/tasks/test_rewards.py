@@ -12,15 +12,20 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from trl.rewards import (accuracy_reward, get_repetition_penalty_reward, get_soft_overlong_punishment,
-                         reasoning_accuracy_reward, think_format_reward)
+from trl.rewards import (
+    accuracy_reward,
+    get_repetition_penalty_reward,
+    get_soft_overlong_punishment,
+    reasoning_accuracy_reward,
+    think_format_reward,
+)
 
-from lit_ppo.config import EvalConfig
+from lit_ppo.config import EvalConfig, RolloutConfig
 from lit_ppo.errors import RunStopped
 from lit_ppo.rollout.batch import RolloutBatch
-from lit_ppo.rollout.engine import Completion, SamplingParams
+from lit_ppo.rollout.engines.protocol import Completion, SamplingParams
+from lit_ppo.rollout.episodes.single_turn import SingleTurnWorkflow
 from lit_ppo.rollout.evaluation import Evaluation, eval_metrics, greedy
-from lit_ppo.rollout.workflows import SingleTurnWorkflow
 from lit_ppo.tasks import DatasetTask
 from lit_ppo.training.metrics import log_iteration
 
@@ -122,7 +127,7 @@ def test_the_workflow_passes_the_token_ids_and_the_version_that_sampled_them(tmp
             return [[Completion(token_ids=[3] * (k + 1), logprobs=[-0.5] * (k + 1), stopped=True, version=4)
                      for k in range(params.n)] for _ in prompts]
 
-    batch = SingleTurnWorkflow(DigitTokenizer(), task, SamplingParams(n=3, max_new_tokens=3)).run(
+    batch = SingleTurnWorkflow(DigitTokenizer(), task, SamplingParams(n=3, max_new_tokens=3), RolloutConfig()).run(
         Engine(), list(task.problems("train")))
     assert SEEN[0]["trainer_state"].global_step == 4
     assert batch.rewards.tolist() == [1.0, 2.0, 3.0]
@@ -234,8 +239,9 @@ def test_accuracy_is_the_named_reward_not_the_sum(tmp_path):
     formatted = [COMPLETIONS[100 + i].startswith("\\boxed{") for i in range(8)]
     right = [COMPLETIONS[100 + i] == f"\\boxed{{{SOLUTIONS[i]}}}" for i in range(8)]
     params = SamplingParams(n=2, max_new_tokens=1)
-    evaluation = Evaluation(EvalConfig(k=2), SingleTurnWorkflow(DigitTokenizer(), task, greedy(params)),
-                            SingleTurnWorkflow(DigitTokenizer(), task, params))
+    evaluation = Evaluation(EvalConfig(k=2),
+                            SingleTurnWorkflow(DigitTokenizer(), task, greedy(params), RolloutConfig()),
+                            SingleTurnWorkflow(DigitTokenizer(), task, params, RolloutConfig()))
     engine = FixedEngine(problems)
     sums = evaluation.score(engine, problems, seed=0)
     metrics = eval_metrics(sums, k=2, names=sum_names(task))
@@ -370,6 +376,6 @@ def test_the_single_turn_workflow_scores_the_batch_s_groups_at_once(tmp_path):
         def generate(self, prompts, params):
             return [[Completion(token_ids=[3], logprobs=[-0.5], stopped=True, version=0)] * params.n for _ in prompts]
 
-    batch = SingleTurnWorkflow(DigitTokenizer(), task, SamplingParams(n=2, max_new_tokens=3)).run(
+    batch = SingleTurnWorkflow(DigitTokenizer(), task, SamplingParams(n=2, max_new_tokens=3), RolloutConfig()).run(
         Engine(), list(task.problems("train")))
     assert IN_FLIGHT["calls"] == 8 and IN_FLIGHT["most"] == 8 and batch.group_sizes.tolist() == [2] * 8

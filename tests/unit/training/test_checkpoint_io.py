@@ -1,5 +1,5 @@
 """Distributed checkpoint directories (trainer=fsdp): verified like single files, published whole,
-refused before writing when a shard is non-finite."""
+refused before writing when a shard is non-finite; a loaded checkpoint's learning rates rescaled."""
 
 from __future__ import annotations
 
@@ -10,7 +10,16 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from lit_ppo.training.checkpoint_io import (DIGEST_KEY, DISTRIBUTED_META, SHARDS_KEY, distributed_checkpoint_problem, first_non_finite, read_checkpoint, write_meta)
+from lit_ppo.training.checkpoint_io import (
+    DIGEST_KEY,
+    DISTRIBUTED_META,
+    SHARDS_KEY,
+    distributed_checkpoint_problem,
+    first_non_finite,
+    read_checkpoint,
+    scale_lr,
+    write_meta,
+)
 from lit_ppo.utils.fs import file_sha256, remove_stale_directories, replace_directory, temporary_directory
 
 
@@ -105,3 +114,14 @@ def test_first_non_finite_names_the_local_shard_of_a_dtensor(tmp_path):
     finally:
         if owned:
             dist.destroy_process_group()
+
+
+def test_scaling_the_learning_rate_keeps_the_schedule_progress():
+    checkpoint = {"optimizer_states": [{"param_groups": [{"lr": 1.0, "initial_lr": 2.0}]},
+                                       {"param_groups": [{"lr": 5.0}]}],
+                  "lr_schedulers": [{"base_lrs": [2.0], "_last_lr": [1.0], "last_epoch": 7}]}
+    scale_lr(checkpoint, 0, 0.5)
+    assert checkpoint["optimizer_states"][0]["param_groups"] == [{"lr": 0.5, "initial_lr": 1.0}]
+    assert checkpoint["lr_schedulers"] == [{"base_lrs": [1.0], "_last_lr": [0.5], "last_epoch": 7}]
+    scale_lr(checkpoint, 1, 2.0)  # an optimizer without a schedule
+    assert checkpoint["optimizer_states"][1]["param_groups"] == [{"lr": 10.0}]

@@ -13,10 +13,11 @@ import torch
 
 from lit_ppo.config import GenerationConfig
 from lit_ppo.models import build_tiny, build_tiny_tokenizer
-from lit_ppo.rollout.workflows import MultiTurnWorkflow, SingleTurnWorkflow
+from lit_ppo.rollout.episodes.multi_turn import MultiTurnWorkflow
+from lit_ppo.rollout.episodes.single_turn import SingleTurnWorkflow
 from lit_ppo.training.datamodule import RolloutDataModule, _trainer_autocast
 from tests.unit.fakes import ScriptedEngine
-from tests.unit.rollout.test_hf_engine import tiny_model, tiny_tokenizer
+from tests.unit.rollout.engines.test_hf import tiny_model, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,8 @@ def test_the_synchronous_loop_shares_the_policys_weights_and_other_loops_copy_th
 
 def datamodule_workflow(tok, **kwargs):
     data = RolloutDataModule(gconfig=GenerationConfig(n_samples=2, max_new_tokens=8), **kwargs)
-    data.trainer = SimpleNamespace(lightning_module=SimpleNamespace(tokenizer=tok), global_rank=0, world_size=1)
+    data.trainer = SimpleNamespace(lightning_module=SimpleNamespace(tokenizer=tok, policy=None), global_rank=0,
+                                   world_size=1)
     data.engine = ScriptedEngine([])
     data.train_dataloader()
     return data.workflow

@@ -9,7 +9,7 @@ import torch
 from lit_ppo.config import ModelConfig, PPOActorConfig, RolloutConfig
 from lit_ppo.errors import RunStopped
 from lit_ppo.rollout.batch import RolloutBatch
-from lit_ppo.rollout.engine import SamplingParams
+from lit_ppo.rollout.engines.protocol import SamplingParams
 from lit_ppo.training.guards import LogpGapCheck, SkippedSteps, check_fit_start, check_staleness, every_rank_has_rows
 
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import torch
 
-from lit_ppo.config import ModelConfig, OptimizerConfig
-from lit_ppo.config.sft import SFTConfig
+from lit_ppo.config import ModelConfig
+from lit_ppo.config.sft import SFTActorConfig, SFTConfig
 from lit_ppo.tasks.base import Columns, Problem
 from lit_ppo.training.sft import LitSFT
 from lit_ppo.training.sft_data import collate, tokenize
 
 
 def test_the_loss_is_the_negative_log_likelihood_of_the_completion_tokens(tmp_path):
-    module = LitSFT(ModelConfig(source="tiny", cache_dir=str(tmp_path), logprob_chunk_size=3), OptimizerConfig())
+    module = LitSFT(ModelConfig(source="tiny", cache_dir=str(tmp_path), logprob_chunk_size=3), SFTActorConfig())
     examples = [tokenize(module.tokenizer, Problem(prompt=p, answer="", columns=Columns({"completion": c})),
                          SFTConfig(), None, "row") for p, c in (("1+2=", "3"), ("10+20=", "30"))]
     batch = collate(examples, module.tokenizer.pad_token_id)

@@ -27,7 +27,8 @@ def ids(tok, *pieces: str) -> list[int]:
     """The ids of special tokens and characters, written out one piece at a time."""
     out = []
     for piece in pieces:
-        out += [tok.convert_tokens_to_ids(piece)] if piece.startswith("<|") else [tok.convert_tokens_to_ids(c) for c in piece]
+        out += ([tok.convert_tokens_to_ids(piece)] if piece.startswith("<|")
+                else [tok.convert_tokens_to_ids(c) for c in piece])
     return out
 
 

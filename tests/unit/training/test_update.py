@@ -12,8 +12,15 @@ import torch
 from lit_ppo.config import OptimizerConfig, PPOActorConfig
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.training.optim import adamw_with_schedule
-from lit_ppo.training.update import (MetricSum, balanced_partition, equalised_micro_batches, micro_batches, optimize,
-                                     optimizer_step, stitched_passes)
+from lit_ppo.training.update import (
+    MetricSum,
+    balanced_partition,
+    equalised_micro_batches,
+    micro_batches,
+    optimize,
+    optimizer_step,
+    stitched_passes,
+)
 
 
 def test_balanced_partition_gives_the_heaviest_item_to_the_lightest_part_and_keeps_row_order():

@@ -1,6 +1,6 @@
-"""lit_ppo.utils.text: the names closest to a mistyped one, case ignored."""
+"""lit_ppo.utils.text: the names closest to a mistyped one, case ignored; a long text shortened."""
 
-from lit_ppo.utils.text import closest, did_you_mean, one_of
+from lit_ppo.utils.text import closest, did_you_mean, one_of, shorten
 
 
 def test_closest_ignores_case_and_offers_nothing_for_an_allowed_name():
@@ -12,6 +12,13 @@ def test_closest_ignores_case_and_offers_nothing_for_an_allowed_name():
 
 
 def test_did_you_mean_and_one_of():
-    assert did_you_mean("Max_steps", ["max_steps", "min_steps"], prefix="trainer.") == " (did you mean trainer.max_steps?)"
+    assert (did_you_mean("Max_steps", ["max_steps", "min_steps"], prefix="trainer.")
+            == " (did you mean trainer.max_steps?)")
     assert did_you_mean("xyz", ["max_steps"]) == ""
     assert [one_of(["a"]), one_of(["a", "b"]), one_of(["a", "b", "c"])] == ["a", "a or b", "a, b or c"]
+
+
+def test_shorten_keeps_the_first_characters_and_marks_the_cut():
+    assert shorten("abcdef", 6) == "abcdef"
+    assert shorten("abcdefg", 6) == "abcdef..."
+    assert shorten(repr("it's"), 3) == '"it...'

@@ -16,7 +16,7 @@ import pytest
 
 from lit_ppo.errors import RunStopped
 from lit_ppo.models import TinyModelConfig, build_tiny
-from lit_ppo.rollout.workflows import checked_reward
+from lit_ppo.rollout.episodes.episode import checked_reward
 from lit_ppo.tasks import DatasetTask
 from lit_ppo.tasks.base import reward_problem
 from lit_ppo.tasks.rewards.judge import JudgeConfig, LLMJudge, NoVerdict
@@ -271,6 +271,7 @@ def test_a_local_judge_generates_the_groups_judged_at_once_together_and_greedily
 
 
 def test_a_local_directory_that_is_not_a_model_fails_naming_the_key(tmp_path):
-    with pytest.raises(ValueError, match=rf"^{WHERE}.model='{tmp_path}' has no config.json: must be a Hugging Face "
-                                         rf"model directory \(without {WHERE}.base_url the judge is a local causal LM\)$"):
+    with pytest.raises(ValueError, match=rf"^{WHERE}.model='{tmp_path}' has no config.json: must be a Hugging "
+                                         rf"Face model directory \(without {WHERE}.base_url the judge is a local "
+                                         rf"causal LM\)$"):
         LLMJudge.from_settings({"model": str(tmp_path)}, WHERE)
