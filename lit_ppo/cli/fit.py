@@ -78,7 +78,7 @@ def _run(argv: list[str], composed: tuple[dict, JobConfig | None] | None) -> int
             return launched(argv, replay)
         tree, ckpt_path = resumed
         flags = _without_flag(_without_flag(flags, "--ckpt_path"), "--config")
-        return launched(argv, lambda: launch.fit(tree, ckpt_path, flags=flags))
+        return launched(argv, lambda: launch.fit(tree, ckpt_path, flags=flags, resumed=True))
     ckpt_path = ckpt_path_arg(flags)
     local_flags = _without_flag(flags, "--ckpt_path")
     tree = launch.evaluation_tree(subcommand, ckpt_path, overrides) if subcommand in EVALUATING and ckpt_path else None

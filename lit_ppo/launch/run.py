@@ -91,14 +91,16 @@ def note_real_model(tree: dict) -> None:
 
 
 def fit(tree: dict, ckpt_path: str | None = None, *, overrides: list[str] | None = None,
-        flags: Sequence[str] = ()) -> LitPPOCLI:
+        flags: Sequence[str] = (), resumed: bool = False) -> LitPPOCLI:
     """Train the run of LightningCLI's ``tree`` in this process: from the run that ``ckpt_path`` records, with
     what ``tree`` changes named (``resume_fit``; ``overrides``: the command line's that composed it), checked,
     its real model's settings noted, run (``flags``: more LightningCLI arguments); RunFailed for a failure
-    that ended it after an iteration. The finished LitPPOCLI."""
-    resumed = resume_fit(ckpt_path, tree, overrides)
-    if resumed is not None:
-        tree, ckpt_path = resumed
+    that ended it after an iteration. ``resumed``: ``tree`` and ``ckpt_path`` are what ``resume_fit`` returned
+    already (its notes said). The finished LitPPOCLI."""
+    if not resumed:
+        resumed_run = resume_fit(ckpt_path, tree, overrides)
+        if resumed_run is not None:
+            tree, ckpt_path = resumed_run
     check(tree, "fit", ckpt_path)
     note_real_model(tree)
     cli = run("fit", tree, ckpt_path, flags=flags)

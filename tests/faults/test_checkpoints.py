@@ -349,7 +349,7 @@ def test_ckpt_path_is_found_in_flags_and_config():
 def test_cli_refuses_before_a_model_loads_and_resumes_a_good_checkpoint(good, tree, run_dir, tmp_path, monkeypatch,
                                                                          capsys):
     from lit_ppo.cli.fit import main as run
-    from lit_ppo.training import module
+    from lit_ppo.models import policy
 
     monkeypatch.setenv("LIT_PPO_CACHE", str(run_dir / "cache"))
     truncated = tmp_path / "truncated.ckpt"
@@ -361,7 +361,7 @@ def test_cli_refuses_before_a_model_loads_and_resumes_a_good_checkpoint(good, tr
         raise AssertionError("a model was loaded before the checkpoint was checked")
 
     with monkeypatch.context() as patch:
-        patch.setattr(module, "load_causal_lm", no_model)
+        patch.setattr(policy, "load_causal_lm", no_model)
         assert run(["fit", *ARGS, "algo=ppo", "--ckpt_path", str(good)]) == 2
         assert capsys.readouterr().err.strip().startswith(
             f"error: algo=ppo cannot change when resuming --ckpt_path {good} (the run had grpo): ")

@@ -18,6 +18,7 @@ from lit_ppo.errors import ConfigError, RunStopped
 from lit_ppo.launch.compose import compose
 from lit_ppo.models import TinyModelConfig, build_tiny_tokenizer
 from lit_ppo.rollout.collector import Collector
+from lit_ppo.rollout.episodes.choose import build_workflow
 from lit_ppo.run.resume import check_resume
 from lit_ppo.tasks import ArithmeticTask, CalculatorTask
 from lit_ppo.training.checkpoint_io import DIGEST_KEY, scan
@@ -178,7 +179,8 @@ def collector(tmp_path, reward: str, **kwargs) -> Collector:
                                                           "reward_fns": [f"{__name__}.{reward}"]},
                              gconfig=GenerationConfig(n_samples=2, max_new_tokens=1), on_invalid_reward="drop",
                              **{"batch_size": 2, "max_attempts_factor": 2, **kwargs})
-    workflow = data._workflow(DigitTokenizer(), data.sampling_params(DigitTokenizer()))
+    workflow = build_workflow(data.task, DigitTokenizer(), data.sampling_params(DigitTokenizer()), data.rollout,
+                              max_model_len=64)
     return Collector(AnsweringEngine(), workflow, data.stream, data.rollout, data.accept)
 
 

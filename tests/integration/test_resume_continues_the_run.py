@@ -199,3 +199,18 @@ def test_the_python_api_releases_its_run_and_knows_a_redefined_reward(tmp_path):
         assert said["resumed"] == "True", said["resumed"]
     finally:
         kernel.communicate("\n", timeout=60)
+
+
+@pytest.mark.slow
+def test_a_resume_from_a_config_file_names_each_change_once(tmp_path):
+    fit(tmp_path, *RUN, "trainer.max_steps=1")
+    run_dir = only_run(tmp_path)
+    given = yaml.safe_load((run_dir / "config.yaml").read_text())
+    given["trainer"]["max_steps"] = 2
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(given, sort_keys=False))
+
+    resumed = fit(tmp_path, "--config", str(tmp_path / "run.yaml"), "--ckpt_path", str(run_dir / "checkpoints" /
+                                                                                       "last.ckpt"))
+    assert notes(resumed) == ["note: resuming with trainer.max_steps=2 (the run had 1)"]
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert checkpoint["global_step"] == 2
