@@ -61,8 +61,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         per_token = per_token * weight
     loss = reduce(per_token, counted)
     loss, regulariser_stats = with_regularisers(loss, logp, valid, cfg, reduce, ref_logp=ref_logp, entropy=entropy)
-    return loss, {**mask_stats, **cov_stats, **regulariser_stats, **ratio_stats(surrogate_stats, ratio, valid),
-                  "loss": loss.detach()}
+    return loss, {**mask_stats, **cov_stats, **regulariser_stats,
+                  **ratio_stats(surrogate_stats, ratio, loss_mask), "loss": loss.detach()}
 
 
 def _check_shapes(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> None:
@@ -110,13 +110,14 @@ def with_regularisers(loss: torch.Tensor, logp: torch.Tensor, valid: torch.Tenso
 
 @torch.no_grad()
 def ratio_stats(surrogate_stats: dict[str, torch.Tensor], ratio: torch.Tensor,
-                valid: torch.Tensor) -> dict[str, torch.Tensor]:
+                counted: torch.Tensor) -> dict[str, torch.Tensor]:
     """The surrogate's per-token statistics, the mean ratio and approx_kl, k3's estimate of
-    KL(pi_old || pi_theta) = (r - 1) - log r >= 0 (AReaL logs the signed log r), over the valid tokens."""
-    stats = {name: masked_mean(value, valid) for name, value in surrogate_stats.items()}
+    KL(pi_old || pi_theta) = (r - 1) - log r >= 0 (AReaL logs the signed log r), over the tokens whose loss
+    counts: a token a mask dropped has no surrogate, and at the sequence level its ratio is 0."""
+    stats = {name: masked_mean(value, counted) for name, value in surrogate_stats.items()}
     r = ratio.detach()
-    stats["importance_weight_mean"] = masked_mean(r, valid)
-    stats["approx_kl"] = masked_mean(r - 1.0 - torch.where(valid, r.clamp(min=1e-30).log(), 0.0), valid)
+    stats["importance_weight_mean"] = masked_mean(r, counted)
+    stats["approx_kl"] = masked_mean(r - 1.0 - torch.where(counted, r.clamp(min=1e-30).log(), 0.0), counted)
     return stats
 
 

@@ -892,3 +892,257 @@ def test_kl_loss_term_is_beta_times_the_estimate_with_its_gradient(estimator, va
 def test_kl_loss_needs_the_reference_log_probs():
     with pytest.raises(ValueError, match="kl_loss_coef > 0 needs ref_logp"):
         _run([[0.0]], [[1.0]], cfg=PPOActorConfig(kl_loss_coef=0.1))
+
+
+# ====================================================================== statistics over the tokens that count
+
+# Two rows, the second with one pad. log r = logp - old_logp, A the advantages; each narrowing mask below drops
+# the tokens its rule drops on these numbers (worked in its comment). A statistic of the surrogate is its mean over
+# the tokens kept: at the sequence level each kept token carries its row's s_b = exp(mean of the kept log r) and
+# mean kept advantage; a dropped token's ratio (0 there) must not enter any mean.
+STAT_OLD = [[-0.5, -1.0, -2.0, -1.5], [-0.3, -0.7, -0.2, 0.0]]
+STAT_LOG_R = [[0.3, -0.4, 0.05, 1.2], [-0.1, 0.25, -1.5, 0.0]]
+STAT_ADV = [[1.0, -1.0, 0.5, -2.0], [-0.5, 1.5, -1.0, 0.0]]
+STAT_MASK = [[True, True, True, True], [True, True, True, False]]
+NO_GAP = [[0.0] * 4, [0.0] * 4]
+# name: (config fields, prox - behave per token (None: not decoupled), entropy, tokens kept)
+NARROWING_MASKS = {
+    "none": ({}, None, None, STAT_MASK),
+    # w = exp(gap): e^2 > 5 and e^-1 < 0.5 leave IcePop's band [0.5, 5].
+    "rejection_token": ({"use_decoupled_loss": True, "rejection_sampling": {"lower": 0.5, "upper": 5.0}},
+                        [[0.0, 2.0, 0.0, 0.0], [0.0, 0.0, -1.0, 0.0]], None,
+                        [[True, False, True, True], [True, True, False, False]]),
+    # Row means of the gap .001 (e^.001 in [.99, 1.01], kept) and .1 / 3 (e^.033, the row dropped).
+    "rejection_sequence": ({"use_decoupled_loss": True, "rejection_sampling": {
+        "level": "sequence", "metric": "ratio", "agg": "mean", "lower": 0.99, "upper": 1.01}},
+        [[0.004, 0.0, 0.0, 0.0], [0.1, 0.0, 0.0, 0.0]], None,
+        [[True, True, True, True], [False, False, False, False]]),
+    # m2 = gap^2 = [.36, .01, 0 x 5]: the mean of all 7 is .053 >= .04, without the largest .0017: one dropped.
+    "m2po": ({"use_decoupled_loss": True, "m2_threshold": 0.04}, [[-0.6, 0.0, 0.0, 0.0], [0.0, -0.1, 0.0, 0.0]],
+             None, [[False, True, True, True], [True, True, True, False]]),
+    # p = exp(old + log r): row 0 token 0 rose .212 with A > 0, row 1 token 2 fell .636 with A < 0 (bound .15).
+    "trust_region": ({"trust_region_mask": {}}, None, None, [[False, True, True, True], [True, True, False, False]]),
+    # The median entropy of the 7 tokens is .55: the tokens at or above it keep their loss.
+    "entropy_quantile": ({"top_entropy_quantile": 0.5}, None, [[0.1, 0.9, 0.3, 0.7], [0.55, 0.2, 0.8, 0.0]],
+                         [[False, True, False, True], [True, False, True, False]]),
+}
+
+
+def surrogate_inputs(level: str, kept: list[list[bool]]) -> list[tuple[float, float]]:
+    """(r, A) of every kept token: the token's own, or at the sequence level its row's over the kept tokens."""
+    out = []
+    for log_r, adv, keep in zip(STAT_LOG_R, STAT_ADV, kept):
+        pairs = [(lr, a) for lr, a, k in zip(log_r, adv, keep) if k]
+        if level == "sequence" and pairs:
+            s = math.exp(sum(lr for lr, _ in pairs) / len(pairs))
+            out += [(s, sum(a for _, a in pairs) / len(pairs))] * len(pairs)
+        else:
+            out += [(math.exp(lr), a) for lr, a in pairs]
+    return out
+
+
+def ppo_flags(r: float, a: float, eps: float = 0.2, c: float = 3.0) -> tuple[bool, bool]:
+    """(clip, dual clip) of one token: the clipped branch strictly above the unclipped, then L above c |A|."""
+    unclipped, clipped = -a * r, -a * min(max(r, 1 - eps), 1 + eps)
+    return unclipped < clipped, max(unclipped, clipped) > c * abs(a)
+
+
+def sapo_gate(r: float, a: float) -> float:
+    tau = 1.0 if a > 0 else 1.05
+    return 4 / tau * _sig(tau * (r - 1))
+
+
+STATISTICS = {
+    "importance_weight_mean": lambda r, a: r,
+    "approx_kl": lambda r, a: r - 1 - math.log(r),
+    "clip_fraction": lambda r, a: float(ppo_flags(r, a)[0]),
+    "dual_clip_fraction": lambda r, a: float(ppo_flags(r, a)[1]),
+}
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("mask_name", list(NARROWING_MASKS))
+@pytest.mark.parametrize("statistic", list(STATISTICS))
+def test_every_ratio_statistic_is_its_mean_over_the_tokens_that_count(statistic, mask_name, level):
+    fields, gap, entropy, kept = NARROWING_MASKS[mask_name]
+    logp = [[o + lr for o, lr in zip(old, log_r)] for old, log_r in zip(STAT_OLD, STAT_LOG_R)]
+    behave = None if gap is None else [[o - g for o, g in zip(old, gaps)] for old, gaps in zip(STAT_OLD, gap)]
+    cfg = PPOActorConfig(importance_sampling_level=level, c_clip=3.0, **fields)
+    extra = {} if entropy is None else {"entropy": _t(entropy)}
+    _, stats, _ = _run(logp, STAT_ADV, mask=STAT_MASK, cfg=cfg, behave=behave, old=STAT_OLD, **extra)
+    tokens = surrogate_inputs(level, kept)
+    expected = sum(STATISTICS[statistic](r, a) for r, a in tokens) / len(tokens)
+    assert _stat(stats, statistic) == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("mask_name", ["none", "trust_region", "entropy_quantile"])  # SAPO takes no decoupled loss
+def test_the_sapo_gate_is_its_mean_over_the_tokens_that_count(mask_name, level):
+    fields, _, entropy, kept = NARROWING_MASKS[mask_name]
+    logp = [[o + lr for o, lr in zip(old, log_r)] for old, log_r in zip(STAT_OLD, STAT_LOG_R)]
+    cfg = PPOActorConfig(importance_sampling_level=level, policy_loss="sapo", **fields)
+    extra = {} if entropy is None else {"entropy": _t(entropy)}
+    _, stats, _ = _run(logp, STAT_ADV, mask=STAT_MASK, cfg=cfg, old=STAT_OLD, **extra)
+    tokens = surrogate_inputs(level, kept)
+    for statistic, value in (("sapo_soft_gate", sapo_gate), ("importance_weight_mean", lambda r, a: r),
+                             ("approx_kl", lambda r, a: r - 1 - math.log(r))):
+        expected = sum(value(r, a) for r, a in tokens) / len(tokens)
+        assert _stat(stats, statistic) == pytest.approx(expected, rel=1e-5, abs=1e-6), statistic
+
+
+def test_an_on_policy_row_logs_no_policy_change_under_a_mask_at_the_sequence_level():
+    # The example of the report: 4 on-policy tokens, the 2 of lowest entropy masked. r = 1 on the kept tokens, so
+    # approx_kl is 0 and the mean ratio 1 (the dropped tokens' ratio of 0 used to count: approx_kl 34).
+    cfg = PPOActorConfig(importance_sampling_level="sequence", top_entropy_quantile=0.5)
+    _, stats, _ = _run([[0.0] * 4], [[1.0] * 4], cfg=cfg, entropy=_t([[0.1, 0.2, 0.3, 0.4]]))
+    assert _stat(stats, "approx_kl") == pytest.approx(0.0, abs=1e-7)
+    assert _stat(stats, "importance_weight_mean") == pytest.approx(1.0, abs=1e-7)
+    assert _stat(stats, "low_entropy_masked_fraction") == pytest.approx(0.5)
+
+
+# ====================================================================== on-policy distillation beside AReaL and verl
+
+# opd's advantage is fixed when the batch is scored: A_t = teacher_t - old_t (kl_ctl 1, k1), under the PPO clip 0.2.
+# AReaL's pure distillation (rl_loss_weight 0, areal/trainer/ppo/actor.py) takes
+# -kappa * sum_t r_t (teacher_t - sg(logp_t)) / N, no clip; verl's policy-gradient distillation
+# (verl/trainer/distillation/losses.py, distillation_loss with use_policy_gradient and loss_mode k1) takes the
+# advantage teacher_t - sg(logp_t) into its vanilla PPO loss (clip 0.2, dual clip 3). Both read the current log-prob.
+OPD_TEACHER_MINUS_OLD = [0.5, -1.0, 2.0, -0.3, 0.8]
+
+
+def areal_pure_kd_grad(log_r: list[float], kappa: float = 1.0) -> list[float]:
+    """d/dlogp of -kappa * sum_t exp(logp_t - old_t) (T_t - sg logp_t) / N, with T_t - logp_t = A_t - log r_t."""
+    n = len(log_r)
+    return [-kappa * math.exp(lr) * (a - lr) / n for a, lr in zip(OPD_TEACHER_MINUS_OLD, log_r)]
+
+
+def verl_pg_distill_grad(log_r: list[float], eps: float = 0.2, c: float = 3.0) -> list[float]:
+    """d/dlogp of verl's vanilla PPO loss with advantage A'_t = T_t - sg logp_t: -A' r / N on the unclipped branch."""
+    n, out = len(log_r), []
+    for a, lr in zip(OPD_TEACHER_MINUS_OLD, log_r):
+        adv, r = a - lr, math.exp(lr)
+        clipped, dual = ppo_flags(r, adv, eps, c)
+        out.append(0.0 if clipped or dual else -adv * r / n)
+    return out
+
+
+def test_opd_matches_areal_and_verl_on_the_first_minibatch_and_differs_by_log_r_after_it():
+    cfg = PPOActorConfig(kl_ctl=1.0, kl_estimator="k1", reward_scaling=0.0, discount=0.0, reward_norm=None,
+                         adv_norm=None)
+    adv = [OPD_TEACHER_MINUS_OLD]
+    # First minibatch: logp = old (r = 1), so teacher - old = teacher - logp: the three gradients agree.
+    _, _, grad = _run([[0.0] * 5], adv, cfg=cfg)
+    _close(grad, [areal_pure_kd_grad([0.0] * 5)])
+    _close(grad, [verl_pg_distill_grad([0.0] * 5)])
+    # After it: the peers' advantage is lit_ppo's minus log r_t. Tokens 0, 1, 3 and 4 are unclipped everywhere (lit_ppo
+    # -A r / N, the peers -(A - log r) r / N: the peers' gradient is lit_ppo's plus r log r / N); token 2 (A = 2,
+    # r = e^0.3 > 1.2) is clipped by lit_ppo and verl alike, and AReaL, unclipped, still pushes it.
+    log_r = [0.1, -0.15, 0.3, 0.05, -0.3]
+    _, _, grad = _run([log_r], adv, cfg=cfg)
+    ours = grad[0].tolist()
+    areal, verl = areal_pure_kd_grad(log_r), verl_pg_distill_grad(log_r)
+    for t in (0, 1, 3, 4):
+        r = math.exp(log_r[t])
+        assert areal[t] - ours[t] == pytest.approx(r * log_r[t] / 5, rel=1e-4)
+        assert verl[t] - ours[t] == pytest.approx(r * log_r[t] / 5, rel=1e-4)
+    assert ours[2] == verl[2] == 0.0 and areal[2] == pytest.approx(-math.exp(0.3) * 1.7 / 5)
+
+
+# ====================================================================== beside verl and TRL
+# (docs/algorithms.md#lit_ppo-beside-verl-and-trl-loss-by-loss)
+
+# Two rows of 3 and 2 tokens: log r and A chosen so that every branch of the clip is taken somewhere.
+PEER_LOG_R = [[0.3, -0.4, 0.05], [1.2, -0.1, 0.0]]
+PEER_ADV = [[1.0, -1.0, 0.5], [-2.0, 0.7, 0.0]]
+PEER_MASK = [[True, True, True], [True, True, False]]
+
+
+def peer_rows() -> list[list[tuple[float, float]]]:
+    """(log r, A) of each row's tokens."""
+    return [[(lr, a) for lr, a, m in zip(*row) if m] for row in zip(PEER_LOG_R, PEER_ADV, PEER_MASK)]
+
+
+def trl_grpo_token_loss(lr: float, a: float, eps_low: float = 0.2, eps_high: float = 0.2) -> float:
+    """TRL's GRPOTrainer._compute_loss, loss_type 'grpo' / 'dapo':
+    -min(coef_1 A, clamp(coef_1, 1 - eps, 1 + eps_high) A)."""
+    r = math.exp(lr)
+    return -min(r * a, min(max(r, 1 - eps_low), 1 + eps_high) * a)
+
+
+def verl_vanilla_token_loss(lr: float, a: float, c: float = 3.0) -> float:
+    """verl's compute_policy_loss_vanilla: the clipped loss, and for A < 0 at most -A * clip_ratio_c (default 3)."""
+    clipped = trl_grpo_token_loss(max(min(lr, 20.0), -20.0), a)
+    return min(clipped, -a * c) if a < 0 else clipped
+
+
+@pytest.mark.parametrize("peer", ["trl", "verl"])
+def test_ppo_clip_equals_trls_dapo_loss_and_verls_vanilla_loss_with_its_dual_clip(peer):
+    # TRL's default loss_type 'dapo' and verl's token-mean both divide the summed loss by the token count N = 5.
+    tokens = [t for row in peer_rows() for t in row]
+    if peer == "trl":
+        cfg, expected = PPOActorConfig(), sum(trl_grpo_token_loss(lr, a) for lr, a in tokens) / 5
+    else:
+        cfg, expected = PPOActorConfig(c_clip=3.0), sum(verl_vanilla_token_loss(lr, a) for lr, a in tokens) / 5
+    loss, _, _ = _run(PEER_LOG_R, PEER_ADV, mask=PEER_MASK, cfg=cfg)
+    _close(loss, expected)
+    # The row of log r 1.2 and A = -2: r = 3.32 > 3, so verl's dual clip binds where TRL's loss does not.
+    assert verl_vanilla_token_loss(1.2, -2.0) != trl_grpo_token_loss(1.2, -2.0)
+
+
+def test_sequence_ratio_equals_trls_sequence_importance_sampling_with_its_grpo_loss():
+    # TRL importance_sampling_level='sequence' (loss_type 'grpo', the only clip loss it allows there): coef_1 =
+    # exp(mean_t log r) per row, one advantage per row, then the mean over rows of each row's token mean. That is
+    # lit_ppo's gspo with loss_agg_mode seq-mean-token-mean, for advantages constant over a row (outcome rewards).
+    adv = [[1.0, 1.0, 1.0], [-2.0, -2.0, 0.0]]
+    rows = [[lr for lr, m in zip(log_r, mask) if m] for log_r, mask in zip(PEER_LOG_R, PEER_MASK)]
+    expected = sum(trl_grpo_token_loss(sum(r) / len(r), a[0]) for r, a in zip(rows, adv)) / 2
+    cfg = PPOActorConfig(importance_sampling_level="sequence", loss_agg_mode="seq-mean-token-mean")
+    loss, _, grad = _run(PEER_LOG_R, adv, mask=PEER_MASK, cfg=cfg)
+    _close(loss, expected)
+    # Both rows are unclipped (s_0 = e^-0.0167; s_1 = e^0.55 with A < 0): each token gets -A s_b / |o_b| / 2. verl's
+    # loss_mode=gspo (GSPO-token: exp(logp - sg(logp) + sg(log s_b)) on each token) has the same value and gradient.
+    s = [math.exp(sum(r) / len(r)) for r in rows]
+    _close(grad, [[-1.0 * s[0] / 3 / 2] * 3, [2.0 * s[1] / 2 / 2] * 2 + [0.0]])
+
+
+def test_sapo_equals_trls_sapo_loss_with_its_sequence_mean():
+    # TRL loss_type 'sapo' (sapo_temperature_pos 1.0, _neg 1.05): -4 / tau sigmoid(tau (r - 1)) A, aggregated as its
+    # 'grpo' loss: the mean over rows of each row's token mean.
+    def gate_loss(lr, a):
+        tau = 1.0 if a > 0 else 1.05
+        return -4 / tau * _sig(tau * (math.exp(lr) - 1)) * a
+    expected = sum(sum(gate_loss(lr, a) for lr, a in row) / len(row) for row in peer_rows()) / 2
+    loss, _, _ = _run(PEER_LOG_R, PEER_ADV, mask=PEER_MASK,
+                      cfg=PPOActorConfig(policy_loss="sapo", loss_agg_mode="seq-mean-token-mean"))
+    _close(loss, expected)
+
+
+def test_cispo_has_the_gradient_of_trls_cispo_loss():
+    # TRL loss_type 'cispo': -sg(min(r, epsilon_high)) A log pi_theta / N (no lower bound); verl loss_mode=cispo the
+    # same with sg(clamp(r, 1 - clip_ratio_low, 1 + clip_ratio_high)). lit_ppo's cispo with eps_clip 1.0 and
+    # eps_clip_higher = epsilon_high - 1 has their gradient -min(r, epsilon_high) A / N; the values differ by the
+    # constant sum min(r, epsilon_high) A log pi_old / N.
+    epsilon_high = 3.0
+    tokens = peer_rows()[0] + peer_rows()[1]
+    expected = [-min(math.exp(lr), epsilon_high) * a / 5 for lr, a in tokens]
+    _, _, grad = _run(PEER_LOG_R, PEER_ADV, mask=PEER_MASK,
+                      cfg=PPOActorConfig(policy_loss="cispo", eps_clip=1.0, eps_clip_higher=epsilon_high - 1))
+    _close(grad[_t(PEER_MASK, torch.bool)], expected)
+
+
+@pytest.mark.parametrize("peer", ["trl", "verl"])
+def test_kl_loss_term_equals_trls_beta_and_verls_kl_loss(peer):
+    # TRL beta: per_token_loss += beta * (exp(ref - logp) - (ref - logp) - 1), before its aggregation; verl
+    # use_kl_loss with kl_loss_type low_var_kl: the same k3, clamped to [-10, 10], aggregated as the policy loss.
+    # Equal wherever k3 <= 10 (all five tokens here); lit_ppo does not clamp the loss term.
+    beta, diffs = 0.04, [0.3, -0.5, 1.0, -2.0, 0.1]
+    k3 = [math.exp(-d) + d - 1 for d in diffs]
+    logp = [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    ref = [[-diffs[0], -diffs[1], -diffs[2]], [-diffs[3], -diffs[4], 0.0]]
+    cfg = PPOActorConfig(kl_loss_coef=beta, kl_loss_estimator="k3")
+    loss, stats, _ = _run(logp, [[0.0] * 3] * 2, mask=PEER_MASK, cfg=cfg, ref_logp=_t(ref))
+    peer_k3 = k3 if peer == "trl" else [min(max(k, -10.0), 10.0) for k in k3]
+    _close(loss, beta * sum(peer_k3) / 5)
+    # logp - ref = -3: k3 = e^3 - 4 = 16.1, which verl's clamp holds at 10.
+    _, stats, _ = _run([[0.0]], [[0.0]], cfg=cfg, ref_logp=_t([[3.0]]))
+    assert _stat(stats, "kl_loss") == pytest.approx(math.exp(3) - 4, rel=1e-5)

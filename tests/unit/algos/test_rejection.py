@@ -585,3 +585,41 @@ def test_inputs_not_modified():
     rejection_sampling(prox, behave, mask, RejectionSamplingConfig(upper=2.0))
     assert torch.equal(mask, torch.ones_like(mask))
     torch.testing.assert_close(prox, _t([[0.0, 3.0, 0.0]]), rtol=0, atol=0)
+
+
+# ====================================================================== verl's seq_mean_k1
+
+
+def verl_seq_mean_k1_keeps(row_log_ratios: list[float], threshold: str) -> bool:
+    """verl's ``rollout_rs=seq_mean_k1`` (verl/trainer/ppo/rollout_corr_helper.py, compute_rollout_rejection_mask),
+    by hand: token k1 = -l (l clamped to +-20), a row is kept iff log(lower) <= mean_t k1 <= log(upper) for
+    ``rollout_rs_threshold="lower_upper"``."""
+    lower, upper = (float(x) for x in threshold.split("_"))
+    k1 = [-min(max(v, -20.0), 20.0) for v in row_log_ratios]
+    return math.log(lower) <= sum(k1) / len(k1) <= math.log(upper)
+
+
+def test_geo_mask_with_reciprocal_bounds_keeps_exactly_the_rows_verls_seq_mean_k1_keeps():
+    # verl bounds exp(-mean l), lit_ppo exp(mean l): verl's "0.999_1.001" is lit_ppo's band [1/1.001, 1/0.999].
+    # One-token rows whose log gap l runs over [-0.0011, 0.0011] in steps of 1e-5 (every edge is >= 5e-7 away).
+    gaps = [k * 1e-5 for k in range(-110, 111)]
+    verl = [verl_seq_mean_k1_keeps([g], "0.999_1.001") for g in gaps]
+    seq = {"level": "sequence", "metric": "ratio", "agg": "mean"}
+    kept, _, _ = _run([[g] for g in gaps], **seq, lower=0.999000999, upper=1.001001001)  # 1 / 1.001, 1 / 0.999
+    assert kept[:, 0].tolist() == verl
+    # The band [0.999, 1.001] read the other way round differs at both edges, by 1.0e-6 in the geometric mean:
+    # a row at l = -0.001 (geometric mean 0.9990005) is kept there and dropped by verl, one at l = +0.001 the reverse.
+    kept, _, _ = _run([[g] for g in gaps], **seq, lower=0.999, upper=1.001)
+    differ = [g for g, ours, theirs in zip(gaps, kept[:, 0].tolist(), verl) if ours != theirs]
+    assert differ == pytest.approx([-0.001, 0.001])
+    assert 1 / 0.999 - 1.001 == pytest.approx(1.0e-6, rel=1e-2)
+    assert 0.999 - 1 / 1.001 == pytest.approx(-1.0e-6, rel=1e-2)
+
+
+def test_geo_mask_weighs_a_kept_row_by_its_geometric_mean_where_verls_decoupled_geo_rs_weighs_it_1():
+    # verl's RolloutCorrectionConfig.decoupled_geo_rs sets rollout_is=None (no weight): a kept row's loss differs by
+    # the factor exp(mean l), at most 1/0.999 - 1 = 1.001e-3 inside verl's band.
+    _, weight, _ = _run([[0.0009, 0.0009], [-0.0005, 0.0003]], level="sequence", metric="ratio", agg="mean",
+                        lower=0.999000999, upper=1.001001001)
+    _assert_w(weight, [[math.exp(0.0009)] * 2, [math.exp(-0.0001)] * 2])
+    assert float((weight - 1).abs().max()) <= 1 / 0.999 - 1

@@ -110,6 +110,8 @@ def test_opd_distils_the_teacher_token_by_token():
 def test_kdrl_is_grpo_plus_beta_times_the_k2_reverse_kl_to_the_teacher_in_the_loss():
     # On-policy (logp = old_logp, r = 1, no clip): L = mean_t(-A_t) + 0.005 * mean_t (logp_t - T_t)^2 / 2 over the
     # N generated tokens, and dL/dlogp_t = (-A_t + 0.005 * (logp_t - T_t)) / N; A is grpo's (group, then batch z-score).
+    # This is verl's policy loss plus distillation_loss_coef 0.005 times its token-mean k2 ("mse") distillation loss
+    # (verl/trainer/distillation/losses.py with use_task_rewards and use_policy_gradient false).
     tree = compose(["algo=kdrl", "logger=none", "model.teacher=some-teacher"])
     assert tree["model"]["model"]["teacher"] == "some-teacher"
     cfg = PPOActorConfig(**tree["model"]["actor"])
@@ -426,3 +428,107 @@ def test_clip_cov_and_kl_cov_presets():
     for cfg in (clip_cov, kl_cov):
         assert_rows(advantages_of(cfg), token_batch_zscore(group_zscore()))
 
+
+
+def verl_rf_baseline(deltas: list[list[float]], beta: float, estimator) -> list[list[float]]:
+    """verl's ``adv_estimator=reinforce_plus_plus_baseline`` with ``use_kl_in_reward`` by hand
+    (verl/trainer/ppo/ray_trainer.py apply_kl_penalty, then verl/trainer/ppo/core_algos.py
+    compute_reinforce_plus_plus_baseline_outcome_advantage): each row's total reward R_b - beta sum_t K_t, centred on
+    its group's mean total, put on every token, then whitened over the batch's tokens (verl_F.masked_whiten:
+    (x - mean) / sqrt(unbiased var + 1e-8))."""
+    totals = [REWARDS[b] - beta * sum(estimator(d) for d in row) for b, row in enumerate(deltas)]
+    centred = [0.0] * len(totals)
+    for g in GROUPS:
+        mu = mean([totals[i] for i in g])
+        for i in g:
+            centred[i] = totals[i] - mu
+    tokens = [[centred[b]] * len(row) for b, row in enumerate(deltas)]
+    flat = [v for row in tokens for v in row]
+    mu = mean(flat)
+    var = sum((v - mu) ** 2 for v in flat) / (len(flat) - 1)
+    return [[(v - mu) / math.sqrt(var + 1e-8) for v in row] for row in tokens]
+
+
+def k2(d: float) -> float:
+    return d * d / 2
+
+
+@pytest.mark.parametrize("beta, measured", [(0.0, 0.0), (0.001, 1.48e-4), (0.1, 0.0169)])
+def test_reinforce_plus_plus_baseline_beside_verls(beta, measured):
+    # lit_ppo centres R on the group mean and adds the KL's reward-to-go on each token; verl centres each row's total
+    # (R plus all its KL rewards) on the group mean and puts it on every token. Before the whitening the two differ on
+    # token t of row b by exactly -sum_{s < t} kl_bs + mean_g(sum_s kl_s) (kl = -beta K); whitened, by the largest
+    # |difference| measured below on this batch (per-token k2 from 0 to 0.125): none without a KL reward (up to the
+    # whitening's eps), 1.5e-4 at the preset's beta 0.001, 0.017 at beta 0.1.
+    old, ref, deltas = kl_batch()
+    fields = {**compose(["algo=reinforce_plus_plus_baseline", "logger=none"])["model"]["actor"], "kl_ctl": beta}
+    raw = advantages_of(PPOActorConfig(**{**fields, "adv_norm": None}), old_logp=old, ref_logp=ref)
+    kl = [[-beta * k2(d) for d in row] for row in deltas]
+    group_kl = {b: mean([sum(kl[i]) for i in g]) for g in GROUPS for b in g}
+    for b, row in enumerate(deltas):
+        verl_raw = REWARDS[b] + sum(kl[b]) - mean([REWARDS[i] + sum(kl[i]) for g in GROUPS if b in g for i in g])
+        ours = [verl_raw - sum(kl[b][:t]) + group_kl[b] for t in range(len(row))]
+        torch.testing.assert_close(raw[b, 2:2 + LENGTHS[b]], torch.tensor(ours), atol=1e-6, rtol=1e-6)
+    adv = advantages_of(PPOActorConfig(**fields), old_logp=old, ref_logp=ref)
+    verl = verl_rf_baseline(deltas, beta, k2)
+    gap = max(abs(float(adv[b, 2 + t]) - v) for b, row in enumerate(verl) for t, v in enumerate(row))
+    assert gap == pytest.approx(measured, abs=1e-4 if beta == 0 else 0.05 * measured)
+
+
+# ====================================================================== beside verl and TRL
+# (docs/algorithms.md#lit_ppo-beside-verl-and-trl-loss-by-loss)
+
+
+def actor_with(*overrides: str) -> PPOActorConfig:
+    return PPOActorConfig(**compose([*overrides, "logger=none"])["model"]["actor"])
+
+
+def peer_group_advantage(eps: float | None) -> list[float]:
+    """TRL's GRPOTrainer (scale_rewards='group': (r - mean_g) / (nanstd_g + 1e-4), Bessel-corrected) and verl's
+    compute_grpo_outcome_advantage ((r - mean_g) / (torch.std_g + 1e-6); without norm_adv_by_std_in_grpo, or TRL's
+    scale_rewards='none', r - mean_g), by hand; no normalisation after it."""
+    out = [0.0] * len(REWARDS)
+    for g in GROUPS:
+        rs = [REWARDS[i] for i in g]
+        mu = mean(rs)
+        sd = math.sqrt(sum((x - mu) ** 2 for x in rs) / (len(rs) - 1))
+        for i in g:
+            out[i] = REWARDS[i] - mu if eps is None else (REWARDS[i] - mu) / (sd + eps)
+    return out
+
+
+@pytest.mark.parametrize("overrides, eps", [
+    (["algo=grpo", "actor.adv_norm=null", "actor.reward_norm.eps=1e-4"], 1e-4),  # TRL's GRPOTrainer defaults
+    (["algo=gdpo"], 1e-4),  # the same with one reward function
+    (["algo=grpo", "actor.adv_norm=null", "actor.reward_norm.eps=1e-6"], 1e-6),  # verl's adv_estimator=grpo
+    (["algo=drgrpo"], None),  # TRL scale_rewards='none'; verl norm_adv_by_std_in_grpo=False
+])
+def test_group_advantages_equal_trls_and_verls(overrides, eps):
+    assert_rows(advantages_of(actor_with(*overrides)), peer_group_advantage(eps))
+
+
+def test_grpo_preset_differs_from_trl_and_verl_by_its_token_batch_zscore():
+    # lit_ppo's grpo z-scores the group advantages once more over the batch's tokens (AReaL's example); on this batch
+    # that moves a row's advantage by up to 0.39.
+    ours = token_batch_zscore(group_zscore())
+    gap = max(abs(a - b) for a, b in zip(ours, peer_group_advantage(1e-4)))
+    assert gap == pytest.approx(0.39, abs=0.01)
+
+
+def test_reinforce_plus_plus_equals_verls_up_to_the_whitening_eps():
+    # verl's adv_estimator=reinforce_plus_plus (compute_reinforce_plus_plus_outcome_advantage, gamma 1) with
+    # use_kl_in_reward and kl_penalty=kl (k1): the return sum_{s >= t} of R_b - beta K, whitened over the batch's tokens
+    # by (x - mean) / sqrt(var + 1e-8) where lit_ppo divides by std + 1e-5.
+    old, ref, deltas = kl_batch()
+    returns = []
+    for b, row in enumerate(deltas):
+        rewards = [-0.001 * d for d in row]
+        rewards[-1] += REWARDS[b]
+        returns.append([sum(rewards[k:]) for k in range(len(rewards))])
+    flat = [v for row in returns for v in row]
+    mu = mean(flat)
+    var = sum((v - mu) ** 2 for v in flat) / (len(flat) - 1)
+    verl = [[(v - mu) / math.sqrt(var + 1e-8) for v in row] for row in returns]
+    adv = advantages_of(actor_of("reinforce_plus_plus"), old_logp=old, ref_logp=ref)
+    for b, row in enumerate(verl):
+        torch.testing.assert_close(adv[b, 2:2 + LENGTHS[b]], torch.tensor(row), atol=1e-4, rtol=1e-4)
