@@ -36,7 +36,9 @@ demo: setup
 	@echo "Config and checkpoints: the 'run directory' printed above, runs/lit_ppo/<run>/"
 	@echo "Metrics, config and sample completions: the MLflow run of the same name, experiment 'lit_ppo' of ./mlflow.db"
 	@echo "  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db"
-	@echo "Resume: python -m lit_ppo fit algo=grpo --ckpt_path runs/lit_ppo/<run>/checkpoints/last.ckpt"
+	@echo "The summary's commands run in $(VENV): activate it first (. $(VENV)/bin/activate), or call"
+	@echo "$(VENV)/bin/lit-ppo for python -m lit_ppo, e.g. to score the checkpoint on the test split:"
+	@echo "  $(VENV)/bin/lit-ppo validate --ckpt_path $$(ls -td runs/lit_ppo/*/ | head -1)checkpoints/last.ckpt"
 
 # Quick versions of every benchmark; each script's --full flag runs the tables of docs/benchmarks.md. TRL (for
 # bench_vs_trl.py) comes from requirements-bench.txt (and requirements-dev.txt, whose tests run its reward functions).

@@ -58,8 +58,9 @@ class ExportModel(L.Callback):
         if not trainer.is_global_zero:
             return
         was_training = policy.training
+        model_cfg = getattr(pl_module, "model_cfg", None)
         path = write_model_dir(policy.eval(), pl_module.tokenizer, self.output_dir(trainer), overwrite=True,
-                               flag="the export")
+                               flag="the export", source=model_cfg.source if model_cfg is not None else None)
         policy.train(was_training)
         for logger in trainer.loggers:
             if isinstance(logger, MLFlowLogger):

@@ -36,7 +36,16 @@ class IterationProgress(RichProgressBar):
     On a terminal this is Lightning's rich bar counting RL iterations (not epochs: the prompt stream
     has none). When stdout is not a terminal (nohup, Slurm, CI logs), where a live bar shows nothing
     until the run ends, it prints one plain line every ``trainer.log_every_n_steps`` iterations.
+    Another job's progress (sft's) counts its own steps with its own metrics: ``description``, ``shown``,
+    ``narrow_order``, ``plain_line_due`` and ``evaluation_line``.
     """
+
+    description = "iteration"
+    """What the bar counts, and the first word of each plain line."""
+    shown = SHOWN
+    """Progress name -> logged metric."""
+    narrow_order = NARROW_ORDER
+    """What the bar keeps first when the terminal is too narrow for every metric."""
 
     def __init__(self):
         super().__init__(leave=True)
@@ -53,7 +62,7 @@ class IterationProgress(RichProgressBar):
         return self.trainer.max_steps if self.trainer.max_steps > 0 else float("inf")
 
     def _get_train_description(self, current_epoch: int) -> str:
-        return "iteration"
+        return self.description
 
     def configure_columns(self, trainer: L.Trainer) -> list:
         # Lightning's columns less the speed (iterations per second: s/it is among the metrics), the bar
@@ -66,7 +75,7 @@ class IterationProgress(RichProgressBar):
 
     def get_metrics(self, trainer: L.Trainer, pl_module) -> dict:
         logged = trainer.callback_metrics
-        shown = {name: float(logged[key]) for name, key in SHOWN.items() if key in logged}
+        shown = {name: float(logged[key]) for name, key in self.shown.items() if key in logged}
         seconds = _seconds_per_iteration(logged)
         if seconds is not None:
             shown["s/it"] = seconds
@@ -80,14 +89,13 @@ class IterationProgress(RichProgressBar):
         the one space rich puts between columns."""
         total = self.total_train_batches
         counts = 2 * len(str(total)) + 1 if math.isfinite(total) else 6
-        return len("iteration") + BAR_WIDTH + counts + len("0:00:00 • 0:00:00") + 4
+        return len(self.description) + BAR_WIDTH + counts + len("0:00:00 • 0:00:00") + 4
 
-    @staticmethod
-    def _fitting(shown: dict[str, str], width: int) -> dict[str, str]:
+    def _fitting(self, shown: dict[str, str], width: int) -> dict[str, str]:
         """The metrics of ``shown`` that fit ``width`` characters as rich writes them (``name: value``,
-        one space apart), the most telling first (``NARROW_ORDER``), in their usual order."""
+        one space apart), the most telling first (``narrow_order``), in their usual order."""
         kept, used = set(), 0
-        for name in (n for n in NARROW_ORDER if n in shown):
+        for name in (n for n in self.narrow_order if n in shown):
             size = len(f"{name}: {shown[name]}") + (1 if kept else 0)
             if used + size > width:
                 break
@@ -105,7 +113,7 @@ class IterationProgress(RichProgressBar):
             self._update(self.train_progress_bar_id, trainer.global_step)  # resumed runs start past 0
             return
         step, total = trainer.global_step, self.total_train_batches
-        if step % max(trainer.log_every_n_steps, 1) and step != total:
+        if not self.plain_line_due(trainer, step, total):
             return
         done = step - self._first_step
         per_iteration = (time.perf_counter() - self._started) / max(done, 1)
@@ -113,7 +121,12 @@ class IterationProgress(RichProgressBar):
         shown = " ".join(f"{k} {v}" for k, v in self.get_metrics(trainer, pl_module).items())
         of_total = f"/{total}" if math.isfinite(total) else ""
         if trainer.is_global_zero:
-            print(f"iteration {step}{of_total} {shown}{eta}", flush=True)
+            print(f"{self.description} {step}{of_total} {shown}{eta}", flush=True)
+
+    @staticmethod
+    def plain_line_due(trainer: L.Trainer, step: int, total: int | float) -> bool:
+        """Whether a plain line reports ``step`` of ``total``: every ``trainer.log_every_n_steps``, and the last."""
+        return step % max(trainer.log_every_n_steps, 1) == 0 or step == total
 
     def on_fit_end(self, trainer: L.Trainer, pl_module) -> None:
         # The bar's last state stays above what follows it (the run summary), not redrawn below it.
@@ -124,12 +137,18 @@ class IterationProgress(RichProgressBar):
         super().on_validation_end(trainer, pl_module)
         if not trainer.is_global_zero or trainer.state.fn != "fit" or trainer.sanity_checking:
             return  # validate / test print Lightning's table instead
-        scores = {key.split("/", 1)[1]: float(value) for key, value in trainer.callback_metrics.items()
-                  if key.startswith("eval/") and key != "eval/problems"}
-        if not scores:
+        line = self.evaluation_line(trainer)
+        if line is None:
             return
-        line = f"eval at iteration {trainer.global_step}: " + " ".join(f"{k} {v:.3g}" for k, v in scores.items())
         if self.plain:
             print(line, flush=True)
         else:
             self._console.print(line)
+
+    def evaluation_line(self, trainer: L.Trainer) -> str | None:
+        """The line of an evaluation during the fit: its scores (``eval/*``), None without any."""
+        scores = {key.split("/", 1)[1]: float(value) for key, value in trainer.callback_metrics.items()
+                  if key.startswith("eval/") and key != "eval/problems"}
+        if not scores:
+            return None
+        return f"eval at iteration {trainer.global_step}: " + " ".join(f"{k} {v:.3g}" for k, v in scores.items())

@@ -13,6 +13,7 @@ from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 from lit_ppo.callbacks.export import ExportModel
 from lit_ppo.callbacks.graceful_stop import last_checkpoint_path
 from lit_ppo.config.keys import typed_key
+from lit_ppo.rollout.source import RolloutSource
 from lit_ppo.utils.fs import shown_path
 from lit_ppo.utils.imports import object_references, python_source
 
@@ -35,7 +36,7 @@ class RunSummary(L.Callback):
     time, the reward of the first and last iteration of this session (and each reward function's mean,
     for a task that sums several), the last evaluation's scores, the run directory, the last checkpoint,
     the exported model, the MLflow run, and the commands that resume a run stopped early, score the
-    checkpoint on the test split and export it."""
+    checkpoint on the test split (for a task that has one) and export it."""
 
     def __init__(self):
         # None until this session's training loop starts (it never does when a resumed checkpoint is at
@@ -81,17 +82,20 @@ class RunSummary(L.Callback):
             elif isinstance(logger, WandbLogger):
                 logger.experiment.save(str(path), base_path=str(path.parent), policy="now")
 
-    def lines(self, trainer: L.Trainer) -> list[tuple[str, str]]:
-        """The summary's ``(label, value)`` rows."""
+    def progress(self, trainer: L.Trainer) -> str:
+        """How far the run got: ``<step> of <max_steps> (<done> in <time>)``, or that this session trained none."""
         done = trainer.global_step - self._first_step
         of = f" of {trainer.max_steps}" if trainer.max_steps > 0 else ""
         if self._started is None or done == 0:  # e.g. a resume of a run at its trainer.max_steps already
             reached = 0 < trainer.max_steps <= trainer.global_step
             why = f": trainer.max_steps={trainer.max_steps} was reached already" if reached else ""
-            rows = [("iterations", f"{trainer.global_step}{of} (none trained{why})")]
-        else:
-            rows = [("iterations", f"{trainer.global_step}{of} ({done} in {_duration(time.monotonic() - self._started)}"
-                                   f"{' after resuming' if self._first_step else ''})")]
+            return f"{trainer.global_step}{of} (none trained{why})"
+        return (f"{trainer.global_step}{of} ({done} in {_duration(time.monotonic() - self._started)}"
+                f"{' after resuming' if self._first_step else ''})")
+
+    def lines(self, trainer: L.Trainer) -> list[tuple[str, str]]:
+        """The summary's ``(label, value)`` rows."""
+        rows = [("iterations", self.progress(trainer))]
         if self._rewards:
             (first_step, first), (last_step, last) = self._rewards[0], self._rewards[-1]
             rows.append(("reward", f"{first:.3g} (iteration {first_step}) -> {last:.3g} (iteration {last_step})"))
@@ -102,42 +106,56 @@ class RunSummary(L.Callback):
             step, scores = self._eval
             shown = ", ".join(f"{key.removeprefix('eval/')} {value:.3g}" for key, value in scores.items())
             rows.append(("eval", f"{shown} (iteration {step})"))
-        rows.append(("run directory", shown_path(trainer.default_root_dir)))
+        rows += places(trainer)
         checkpoint = last_checkpoint_path(trainer)
         if checkpoint.exists():
-            rows.append(("checkpoint", shown_path(checkpoint)))
-        for callback in trainer.callbacks:
-            if isinstance(callback, ExportModel) and (callback.output_dir(trainer) / "config.json").is_file():
-                rows.append(("model", f"{shown_path(callback.output_dir(trainer))} (a Hugging Face model directory)"))
-        for logger in trainer.loggers:
-            if isinstance(logger, MLFlowLogger) and logger.run_id:
-                experiment = logger.experiment.get_experiment(logger.experiment_id)  # None: the store failed
-                named = f" (experiment {experiment.name})" if experiment is not None else ""
-                rows.append(("mlflow run", f"{logger.run_id} in {logger.experiment.tracking_uri}{named}"))
-            elif isinstance(logger, CSVLogger):
-                rows.append(("csv metrics", shown_path(logger.experiment.metrics_file_path)))
-            elif isinstance(logger, TensorBoardLogger):
-                rows.append(("tensorboard", f"tensorboard --logdir {shown_path(logger.log_dir)}"))
-            elif isinstance(logger, WandbLogger):
-                run = logger.experiment
-                rows.append(("wandb run", f"{shown_path(Path(run.dir).parent)} (offline: wandb sync uploads it)"
-                             if run.offline else run.url))
-        if checkpoint.exists():
+            # validate refuses a task without test problems (exit code 2): offered only where it scores some.
+            datamodule = trainer.datamodule
+            scored = isinstance(datamodule, RolloutSource) and datamodule.eval_problem_count() > 0
             rows += _commands(Path(trainer.default_root_dir) / "config.yaml", checkpoint,
-                              resume=trainer.global_step < trainer.max_steps)
+                              resume=trainer.global_step < trainer.max_steps, scored=scored)
         return rows
 
 
-def _commands(config: Path, checkpoint: Path, resume: bool) -> list[tuple[str, str]]:
-    """The rows that resume a run stopped early, score its checkpoint and export it: command lines, or the
-    Python API's calls for a run whose config holds Python objects (which only the Python API takes again)."""
+def places(trainer: L.Trainer) -> list[tuple[str, str]]:
+    """The summary's rows of where a run's outputs are: its directory, last checkpoint, exported model and
+    tracked runs."""
+    rows = [("run directory", shown_path(trainer.default_root_dir))]
+    checkpoint = last_checkpoint_path(trainer)
+    if checkpoint.exists():
+        rows.append(("checkpoint", shown_path(checkpoint)))
+    for callback in trainer.callbacks:
+        if isinstance(callback, ExportModel) and (callback.output_dir(trainer) / "config.json").is_file():
+            rows.append(("model", f"{shown_path(callback.output_dir(trainer))} (a Hugging Face model directory)"))
+    for logger in trainer.loggers:
+        if isinstance(logger, MLFlowLogger) and logger.run_id:
+            experiment = logger.experiment.get_experiment(logger.experiment_id)  # None: the store failed
+            named = f" (experiment {experiment.name})" if experiment is not None else ""
+            rows.append(("mlflow run", f"{logger.run_id} in {logger.experiment.tracking_uri}{named}"))
+        elif isinstance(logger, CSVLogger):
+            rows.append(("csv metrics", shown_path(logger.experiment.metrics_file_path)))
+        elif isinstance(logger, TensorBoardLogger):
+            rows.append(("tensorboard", f"tensorboard --logdir {shown_path(logger.log_dir)}"))
+        elif isinstance(logger, WandbLogger):
+            run = logger.experiment
+            rows.append(("wandb run", f"{shown_path(Path(run.dir).parent)} (offline: wandb sync uploads it)"
+                         if run.offline else run.url))
+    return rows
+
+
+def _commands(config: Path, checkpoint: Path, resume: bool, scored: bool) -> list[tuple[str, str]]:
+    """The rows that resume a run stopped early (``resume``), score its checkpoint on the test split
+    (``scored``: the task has test problems) and export it: command lines, or the Python API's calls for a run
+    whose config holds Python objects (which only the Python API takes again)."""
     ckpt = shown_path(checkpoint)
     export = ("export", f"python -m lit_ppo export --ckpt_path {ckpt} --output my-policy")
     objects = object_references(yaml.safe_load(config.read_text())) if config.is_file() else {}
     if not objects:
         resumed = [("resume", f"python -m lit_ppo fit --ckpt_path {ckpt}")] if resume else []
-        return [*resumed, ("test scores", f"python -m lit_ppo validate --ckpt_path {ckpt}"), export]
+        tested = [("test scores", f"python -m lit_ppo validate --ckpt_path {ckpt}")] if scored else []
+        return [*resumed, *tested, export]
     given = ", ".join(f"{typed_key(key)!r}: {python_source(value)}" for key, value in objects.items())
     resumed = [("resume", f"lit_ppo.fit(lit_ppo.compose(..., values={{{given}}}), ckpt_path={ckpt!r})")] \
         if resume else []
-    return [*resumed, ("test scores", f"lit_ppo.validate({ckpt!r}, values={{{given}}})"), export]
+    tested = [("test scores", f"lit_ppo.validate({ckpt!r}, values={{{given}}})")] if scored else []
+    return [*resumed, *tested, export]

@@ -152,13 +152,19 @@ def render(subcommand: str, tree: dict, chosen: dict[str, str], width: int = 100
         out += _wrap(f"{subcommand} scores the task's test split (eval.*). With --ckpt_path CKPT the checkpoint's "
                      f"own config is used and only eval.*, gconfig.*, rollout.*, data.* and trainer.* can change; "
                      f"without it, the keys below compose as fit's.", width, "") + [""]
+    model_dir = _model_dir(tree, chosen["model"])
+    shown = {**chosen, "model": model_dir or chosen["model"]}
     out += _wrap("key=value sets a key; the values shown are those of the presets chosen "
-                 f"({' '.join(f'{g}={o}' for g, o in chosen.items())}).", width, "")
+                 f"({' '.join(f'{g}={o}' for g, o in shown.items())}).", width, "")
     out += ["", "presets (group=option):"]
     for group, option in chosen.items():
-        options = [o for o in group_options(group) if o != option]
-        out += textwrap.wrap(f"{group}={option}: {_preset_summary(group, option)}", width, initial_indent="  ",
-                             subsequent_indent="      ", break_on_hyphens=False)
+        options = [o for o in group_options(group) if o != option or (group == "model" and model_dir)]
+        summary_line = f"{group}={option}: {_preset_summary(group, option)}"
+        if group == "model" and model_dir:
+            summary_line = (f"model={model_dir}: a model directory or hub id (model.source), with the {option} "
+                            f"preset's other settings")
+        out += textwrap.wrap(summary_line, width, initial_indent="  ", subsequent_indent="      ",
+                             break_on_hyphens=False)
         out += _wrap("others: " + ", ".join(options), width, "      ")
     for section in DATACLASS_SECTIONS:
         values = tree.get(section.name, {}) if section.name != "rollout" else tree.get("rollout", {})
@@ -184,10 +190,19 @@ def render(subcommand: str, tree: dict, chosen: dict[str, str], width: int = 100
     out += _wrap(f"{PROG} {subcommand} [overrides] --print_config: the whole resolved config", width, "  ")
     out += _wrap("${on_gpu:a,b}: a on a machine with CUDA devices, else b; ???: required, no preset gives it", width,
                  "  ")
-    out += _wrap("a model directory or hub id (any model.source but tiny) trains with a real model's learning rate "
-                 "(1e-6, TRL's and verl's) and no entropy bonus unless given; the tiny preset's suit only the tiny "
-                 "model (a note at fit start names them; give the model to this help to see the values)", width, "  ")
+    out += _wrap("a model directory or hub id (any model.source but tiny, or a directory lit_ppo wrote from the "
+                 "tiny model) trains with a real model's learning rate (1e-6, TRL's and verl's) and no entropy bonus "
+                 "unless given; the tiny preset's suit only the tiny model (a note at fit start names them; give the "
+                 "model to this help to see the values)", width, "  ")
     return "\n".join(out)
+
+
+def _model_dir(tree: dict, option: str) -> str | None:
+    """The model directory or hub id that ``model=DIR`` (or ``model.source=DIR``) gave on top of the model
+    preset ``option``; None when the model is the preset's own."""
+    source = (tree.get("model") or {}).get("source")
+    preset = OmegaConf.load(conf_dir() / "model" / f"{option}.yaml").get("model", {}).get("source")
+    return None if source is None or source == preset else str(source)
 
 
 def _width() -> int:

@@ -11,10 +11,14 @@ from pathlib import Path
 
 import yaml
 
+import lit_ppo.config.algo as algo_config
 import lit_ppo.config.sft as sft_config
 from lit_ppo.cli.args import asks_for_help, print_error
+from lit_ppo.cli.help import composed
 from lit_ppo.cli.reporting import launched, reported
+from lit_ppo.config.algo import OptimizerConfig
 from lit_ppo.config.checks import type_hints
+from lit_ppo.config.model import ModelConfig
 from lit_ppo.config.sections import construct
 from lit_ppo.config.sft import SFTConfig
 from lit_ppo.errors import ConfigError
@@ -28,11 +32,11 @@ USAGE = "python -m lit_ppo sft [group=option ...] [key=value ...] [sft.key=value
 
 def main(argv: list[str]) -> int:
     """``sft`` with its overrides; ``argv``: the command line after ``python -m lit_ppo``, ``sft`` first."""
-    if asks_for_help(argv[1:]):
-        print(help_text())
-        return 0
     try:
         overrides, flags = split_arguments(argv[1:])
+        if asks_for_help(argv[1:]):
+            print(help_text(overrides))
+            return 0
         ckpt_path = flag_value(flags, "--ckpt_path")
         unknown = [f for f in flags if f != ckpt_path and f.split("=", 1)[0] != "--ckpt_path"]
         if unknown:
@@ -74,14 +78,25 @@ def sft_overrides(overrides: list[str]) -> tuple[SFTConfig, list[str]]:
     return construct(SFTConfig, values, "sft"), others
 
 
-def help_text() -> str:
-    """The usage line, what sft takes from fit's config, and every ``sft.*`` key with its default."""
+def help_text(overrides: list[str] = ()) -> str:
+    """The usage line, what sft takes from fit's config, the model, task and optimizer that the ``overrides``
+    compose (the presets' choices, such as the model's learning rate, included), and every ``sft.*`` key with
+    its value. ConfigError for overrides that do not compose."""
+    sft, others = sft_overrides(list(overrides))
+    tree, _ = composed(others)  # as fit's help composes it: a required value (???) shown, not refused
+    optimizer = construct(OptimizerConfig, (tree.get("actor") or {}).get("optimizer") or {}, "actor.optimizer")
     lines = [f"usage: {USAGE}", "",
              "Supervised fine-tuning: the loss is the negative log-likelihood of the completions' tokens.",
              "From fit's config: model=NAME|DIR and model.*, data=<task> and data.task_kwargs.* (a completion",
              "column, chat messages, or sft.completion_template), actor.optimizer.*, trainer=cpu|gpu|ddp,",
              "trainer.max_steps, logger=..., checkpoint.*, seed. The run directory's model/ is what",
-             "`fit model=<run dir>/model` starts from.", "", "sft keys:"]
+             "`fit model=<run dir>/model` starts from.", "",
+             "what it trains, and how (fit's presets and the overrides given):",
+             f"  model.source={(tree.get('model') or {}).get('source', ModelConfig.source)}",
+             f"  data.task={(tree.get('data') or {}).get('task')}"]
+    for doc in dataclass_fields(Path(algo_config.__file__), "OptimizerConfig"):
+        lines.append(f"  actor.optimizer.{doc.name}={getattr(optimizer, doc.name)!r}  {summary(doc.doc)}")
+    lines += ["", "sft keys:"]
     for doc in dataclass_fields(Path(sft_config.__file__), "SFTConfig"):
-        lines.append(f"  sft.{doc.name}={doc.default!r}  {summary(doc.doc)}")
+        lines.append(f"  sft.{doc.name}={getattr(sft, doc.name)!r}  {summary(doc.doc)}")
     return "\n".join(lines)

@@ -25,7 +25,7 @@ LIGHTNING_NAMES = (*((path, typed) for typed, path in SECTIONS.items() if typed 
 """Section of LightningCLI's tree -> the key typed on the command line, where the two names differ."""
 
 
-FOREIGN_KEYS: dict[str, tuple[str, str, str]] = {
+FOREIGN_KEYS: dict[str, tuple[str, str | None, str]] = {
     # TRL's GRPOConfig / TrainingArguments (bare names)
     "learning_rate": ("TRL", "actor.optimizer.lr", ""),
     "num_generations": ("TRL", "gconfig.n_samples", ""),
@@ -76,20 +76,39 @@ FOREIGN_KEYS: dict[str, tuple[str, str, str]] = {
     "report_to": ("TRL", "logger=mlflow", " (or csv, tensorboard, wandb, none)"),
     "run_name": ("TRL", "logger.init_args.run_name", ""),
     "model_name_or_path": ("TRL", "model=DIR", " (a local model directory or a hub id in the local cache)"),
+    "output_dir": ("TRL", "trainer.default_root_dir", " (runs by default; each run writes a directory of its "
+                   "own under it, in a folder of its experiment)"),
     # verl's names for the most common settings
+    "actor_rollout_ref.model.path": ("verl", "model=DIR", " (a local model directory or a hub id in the local "
+                                     "cache)"),
     "actor_rollout_ref.actor.optim.lr": ("verl", "actor.optimizer.lr", ""),
     "actor_rollout_ref.rollout.n": ("verl", "gconfig.n_samples", ""),
+    "data.max_prompt_length": ("verl", None, " (lit_ppo samples every prompt whole, neither cut nor dropped for its "
+                               "length; gconfig.max_new_tokens bounds the completion)"),
     "data.max_response_length": ("verl", "gconfig.max_new_tokens", ""),
     "data.train_batch_size": ("verl", "data.batch_size", ""),
     "actor_rollout_ref.actor.ppo_mini_batch_size": ("verl", "actor.ppo_n_minibatches", " (a count of "
-                                                    "minibatches, not a size)"),
+                                                    "minibatches, not a size: data.train_batch_size / "
+                                                    "ppo_mini_batch_size)"),
     "actor_rollout_ref.actor.clip_ratio": ("verl", "actor.eps_clip", ""),
-    "actor_rollout_ref.actor.kl_loss_coef": ("verl", "actor.kl_ctl", " (a KL penalty in the reward)"),
+    "actor_rollout_ref.actor.clip_ratio_high": ("verl", "actor.eps_clip_higher", ""),
+    "actor_rollout_ref.actor.use_kl_loss": ("verl", "actor.kl_loss_coef", " (> 0 turns the KL term of the loss on; "
+                                            "it has no switch of its own)"),
+    "actor_rollout_ref.actor.kl_loss_coef": ("verl", "actor.kl_loss_coef", " (the KL term in the loss; verl's "
+                                             "kl_loss_type low_var_kl is actor.kl_loss_estimator=k3, the default, "
+                                             "without verl's clamp at 10)"),
+    "algorithm.use_kl_in_reward": ("verl", "actor.kl_ctl", " (> 0 puts the KL penalty in the reward; it has no "
+                                   "switch of its own)"),
+    "algorithm.kl_ctrl.kl_coef": ("verl", "actor.kl_ctl", " (the KL penalty in the reward; verl's kl_penalty kl is "
+                                  "actor.kl_estimator=k1, the default, clamped here to [-10, 10])"),
     "algorithm.adv_estimator": ("verl", "algo=grpo", " (or ppo, rloo, ...: a preset)"),
     "trainer.total_training_steps": ("verl", "trainer.max_steps", ""),
+    "trainer.total_epochs": ("verl", "trainer.max_steps", " (lit_ppo counts RL iterations, each data.batch_size "
+                             "prompts, not passes over the data)"),
 }
 """Another trainer's name of a setting (TRL's bare names, verl's dotted paths) -> (the trainer, lit_ppo's key or
-override, what differs). ``foreign_key_hint`` answers a key that is not lit_ppo's with it."""
+override, or None where lit_ppo has none; what differs, or why there is none). ``foreign_key_hint`` answers a key
+that is not lit_ppo's with it."""
 
 
 UNSAMPLED_SETTINGS = {
@@ -99,18 +118,50 @@ UNSAMPLED_SETTINGS = {
 """Sampling settings of other trainers that lit_ppo does not sample with -> what they do to the distribution."""
 
 
-def foreign_key_hint(key: str) -> str | None:
-    """``: TRL's learning_rate is actor.optimizer.lr`` for a ``key`` that another trainer names (the whole
-    dotted key, or its last part), or why lit_ppo does not sample with it; None otherwise."""
-    name = key if key in FOREIGN_KEYS else key.rsplit(".", 1)[-1]
+def foreign_key_answer(key: str) -> str | None:
+    """``TRL's learning_rate is actor.optimizer.lr`` for a ``key`` that another trainer names: the whole dotted
+    key, a bare name that ends one of verl's dotted keys (``max_prompt_length``), or, for TRL's bare names,
+    the key's last part; why lit_ppo does not sample with a sampling setting; None otherwise."""
+    name = key if key in FOREIGN_KEYS else _foreign_name_ending(key) or key.rsplit(".", 1)[-1]
     if name in UNSAMPLED_SETTINGS:
-        return (f": lit_ppo does not sample with {name} ({UNSAMPLED_SETTINGS[name]}): the trainer's log-probs do "
+        return (f"lit_ppo does not sample with {name} ({UNSAMPLED_SETTINGS[name]}): the trainer's log-probs do "
                 f"not follow it, so the importance ratio would be biased; gconfig.temperature, top_k and top_p "
                 f"are followed exactly")
     if name not in FOREIGN_KEYS:
         return None
     trainer, setting, differs = FOREIGN_KEYS[name]
-    return f": {trainer}'s {name} is {setting}{differs}"
+    return f"{trainer}'s {name} has no lit_ppo key{differs}" if setting is None else \
+        f"{trainer}'s {name} is {setting}{differs}"
+
+
+def _foreign_name_ending(key: str) -> str | None:
+    """The one dotted name of ``FOREIGN_KEYS`` that the bare ``key`` of several words ends
+    (``max_prompt_length``: ``data.max_prompt_length``); None for a dotted key, a one-word key (``lr``, ``n``:
+    too general to tell whose) or none or several such names."""
+    if "." in key or "_" not in key:
+        return None
+    names = [name for name in FOREIGN_KEYS if name.endswith("." + key)]
+    return names[0] if len(names) == 1 else None
+
+
+def foreign_key_hint(key: str) -> str | None:
+    """``: <foreign_key_answer(key)>``, or None."""
+    answer = foreign_key_answer(key)
+    return None if answer is None else f": {answer}"
+
+
+def foreign_keys_error(keys: list[str], lit_roots: set[str]) -> str | None:
+    """The one line that answers every key of ``keys`` (as typed, one command's) that is another trainer's
+    name and not lit_ppo's: a key of ``FOREIGN_KEYS``, or one outside ``lit_roots`` (the sections and preset
+    groups of lit_ppo's config) that ``foreign_key_answer`` knows. None when there is none."""
+    found = {key: foreign_key_answer(key) for key in dict.fromkeys(keys)
+             if key in FOREIGN_KEYS or key.split(".", 1)[0] not in lit_roots}
+    answers = {key: answer for key, answer in found.items() if answer is not None}
+    if not answers:
+        return None
+    *first, last = answers
+    names = f"{', '.join(first)} and {last} are not keys" if first else f"{last} is not a key"
+    return f"{names}: {'; '.join(answers.values())}"
 
 
 def typed_key(key: str) -> str:

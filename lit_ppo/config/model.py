@@ -2,14 +2,37 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from lit_ppo.config.checks import check_fields
+
+NAMED_SOURCES = ("tiny", "smollm2")
+"""The model.source values that name a model built or converted here rather than a directory."""
+MODEL_RECORD = "lit_ppo_model.json"
+"""The file of a model directory that lit_ppo writes (an export, the ``model/`` of a fit or an sft run):
+``{"base_model": SOURCE}``, the model.source its weights descend from (``tiny``, ``smollm2``, or the directory
+or hub id the first run started from), through any chain of runs. A run from the directory chooses that
+model's settings (``base_model``): the tiny model's large learning rate for a fine-tuned tiny model."""
 
 DTYPES = ("float32", "bfloat16", "float16")
 """The config names of weight and autocast dtypes (model.dtype, rollout.engine_kwargs.dtype / autocast), each
 the name of its torch dtype (``lit_ppo.models.torch_dtype``)."""
+
+
+def base_model(source):
+    """The model.source whose settings suit the model ``source``: the base model that a directory lit_ppo wrote
+    records (``MODEL_RECORD``), else ``source`` itself (a named source, any other directory, a hub id)."""
+    if not isinstance(source, str) or source in NAMED_SOURCES:
+        return source
+    try:
+        recorded = json.loads((Path(source).expanduser() / MODEL_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # no record: a model directory that lit_ppo did not write
+        return source
+    base = recorded.get("base_model") if isinstance(recorded, dict) else None
+    return base if isinstance(base, str) and base else source
 
 
 @dataclass

@@ -1,10 +1,11 @@
 """The checks of a LightningCLI config that run before anything is instantiated (no model loads), each
 mistake one line naming the key the user typed and what is allowed: the config sections (built as the
-run builds them, the task's data included), the seeds, the logger and its run name, and Lightning's own
+run builds them, the task's data included), the seeds, the logger and its run name, Lightning's own
 arguments (names, ``max_steps``, the accelerator / devices / strategy / precision combination on this
-machine, the callbacks). Every front door's ``fit``, ``validate`` and ``test`` (whatever their input), and
-each combination of a ``sweep``, come here through ``lit_ppo.launch.run.check``; ``sft`` through
-``check_sft_config``.
+machine, the callbacks), and last every prompt with its completion budget within the model's context (its
+config and tokenizer read, no weights). Every front door's ``fit``, ``validate`` and ``test`` (whatever
+their input), and each combination of a ``sweep``, come here through ``lit_ppo.launch.run.check``; ``sft``
+through ``check_sft_config``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from lit_ppo.config.sft import SFTActorConfig, SFTConfig
 from lit_ppo.errors import ConfigError
 from lit_ppo.launch.presets import EVALUATING
 from lit_ppo.models import MODEL_SOURCES, load_policy_tokenizer, model_dir_problem, teacher_problem
+from lit_ppo.models.policy import policy_context
 from lit_ppo.run.processes import RANK_ENV
 from lit_ppo.run.run_dir import run_name
 from lit_ppo.tasks.base import task_name
@@ -109,6 +111,16 @@ def check_config(tree: dict, subcommand: str = "fit") -> None:
     _check_launch_environment(tree.get("trainer") or {})
     if subcommand == "fit":
         _check_run_names(tree.get("trainer") or {})
+    _check_context(datamodule, model_cfg, subcommand)
+
+
+def _check_context(datamodule: RolloutDataModule, model_cfg: ModelConfig, subcommand: str) -> None:
+    """The prompts of the splits ``subcommand`` reads, each with ``gconfig.max_new_tokens``, within the model's
+    context (``RolloutDataModule.check_context``), from its config and tokenizer alone (``policy_context``):
+    last, as the tokenizer is the first thing loaded."""
+    found = policy_context(model_cfg)
+    if found is not None:
+        datamodule.check_context(*found, stage=subcommand)
 
 
 def check_sft_config(tree: dict) -> None:

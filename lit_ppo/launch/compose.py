@@ -24,7 +24,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from lit_ppo.config import EvalConfig, GenerationConfig, ModelConfig, PPOActorConfig, PPOCriticConfig, type_hints
 from lit_ppo.config.checkpoint import CheckpointConfig
-from lit_ppo.config.keys import ROLLOUT_KEYS, SECTIONS, foreign_key_hint, lightning_path, typed_key
+from lit_ppo.config.keys import ROLLOUT_KEYS, SECTIONS, foreign_key_hint, foreign_keys_error, lightning_path, typed_key
+from lit_ppo.config.model import base_model
 from lit_ppo.config.rollout import DATA_KEYS, DATA_SECTIONS
 from lit_ppo.config.samples import SamplesConfig
 from lit_ppo.config.scheduler import JobConfig, RayConfig, SlurmConfig, scheduler_config
@@ -36,6 +37,7 @@ from lit_ppo.launch.presets import (
     follow_sampling_temperature,
     given_task_kwargs,
     group_options,
+    groups,
     is_group,
     keep_taken_task_kwargs,
     real_model_choices,
@@ -197,6 +199,16 @@ def _model_dir_overrides(overrides: list[str]) -> list[str]:
     return out
 
 
+def _refuse_foreign_keys(overrides: list[str]) -> None:
+    """ConfigError of one line answering every key of ``overrides`` that is another trainer's name (TRL's
+    ``learning_rate``, verl's ``actor_rollout_ref.rollout.n``) with lit_ppo's, all of them at once: a port
+    brings several."""
+    keys = [override.lstrip("+~").split("=", 1)[0] for override in overrides]
+    error = foreign_keys_error(keys, {*ROOTS, *SECTIONS, *groups()})
+    if error is not None:
+        raise ConfigError(error)
+
+
 def compose(overrides: list[str]) -> dict:
     """The Hydra-composed config for ``overrides``, resolved, as LightningCLI's tree."""
     return compose_run(overrides)[0]
@@ -206,6 +218,7 @@ def compose_run(overrides: list[str]) -> tuple[dict, JobConfig | None]:
     """``compose``'s tree and the checked ``scheduler`` section: None to run here, else the job's."""
     register_resolvers()
     typed = list(overrides)
+    _refuse_foreign_keys(typed)
     overrides = _model_dir_overrides(typed_overrides(overrides))
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
@@ -231,10 +244,10 @@ def compose_run(overrides: list[str]) -> tuple[dict, JobConfig | None]:
 def real_model_note(tree: dict) -> str | None:
     """The ``note:`` line of a run whose model is not the tiny one: the settings that the presets choose for
     a real model (``lit_ppo.launch.presets.real_model_choices``) and LightningCLI's ``tree`` holds; None for the
-    tiny model or when it holds other values (the user's)."""
+    tiny model (or a directory lit_ppo wrote from it) or when it holds other values (the user's)."""
     model = tree.get("model") or {}
     source = (model.get("model") or {}).get("source", ModelConfig.source)
-    if not isinstance(source, str) or source == "tiny":
+    if not isinstance(source, str) or base_model(source) == "tiny":
         return None
     algo = model.get("algo")
     register_resolvers()

@@ -11,6 +11,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from lit_ppo.config.keys import typed_key
+from lit_ppo.config.model import base_model
 from lit_ppo.errors import ConfigError
 
 EVALUATING = ("validate", "test")
@@ -49,8 +50,9 @@ def follow_sampling_temperature(actor: dict | None, gconfig: dict | None) -> Non
 
 
 REAL_MODEL_RESOLVER = "tiny_or_real"
-"""``${tiny_or_real:a,b}``: a for the tiny model (model.source=tiny), b for any other: the presets' settings
-that suit only the tiny model (a large learning rate) and what a real model gets instead."""
+"""``${tiny_or_real:a,b}``: a for the tiny model (model.source=tiny, or a directory lit_ppo wrote from it:
+``lit_ppo.config.model.base_model``), b for any other: the presets' settings that suit only the tiny model (a
+large learning rate) and what a real model gets instead."""
 
 
 def register_resolvers() -> None:
@@ -95,14 +97,14 @@ def typed_overrides(overrides: list[str]) -> list[str]:
 
 
 def _tiny_or_real(tiny, real, _root_):
-    return tiny if OmegaConf.select(_root_, "model.source") == "tiny" else real
+    return tiny if base_model(OmegaConf.select(_root_, "model.source")) == "tiny" else real
 
 
 def real_model_choices(cfg) -> dict[str, tuple[Any, str]]:
     """The keys of a composed (unresolved) Hydra ``cfg`` that take a real model's value: each
     ``${tiny_or_real:a,b}`` that no override replaced, where model.source is not the tiny model. Key ->
     (its value, the tiny model's as the preset writes it)."""
-    if OmegaConf.select(cfg, "model.source") == "tiny":
+    if base_model(OmegaConf.select(cfg, "model.source")) == "tiny":
         return {}
     chosen = {}
 

@@ -32,8 +32,7 @@ from lit_ppo.run.resume import check_resume, config_changes, recorded_config, re
 from lit_ppo.run.run_dir import last_checkpoint
 from lit_ppo.training.sft import LitSFT
 from lit_ppo.training.sft_data import SFTDataModule
-from lit_ppo.utils.fs import shown_path
-from lit_ppo.utils.stop_requests import pending_failure, received_signal
+from lit_ppo.utils.stop_requests import pending_failure
 
 TRAINED_SECTIONS = ("algo", "model", "actor", "critic", "rejection")
 """What the model in a checkpoint was trained as: LightningCLI restores it from the checkpoint."""
@@ -126,7 +125,7 @@ SFT_CLI = functools.partial(LitPPOCLI, model_class=LitSFT, datamodule_class=SFTD
 def sft(tree: dict, ckpt_path: str | None = None, *, overrides: list[str] | None = None) -> Path:
     """Fine-tune as the sft job's LightningCLI ``tree`` says (``lit_ppo.launch.sft.sft_tree``) in this process,
     through fit's sequence: resumed, checked (``check_sft_config``), run, RunFailed for a failure that ended it.
-    The model directory it wrote, which rank 0 names on stderr as the one ``fit model=<dir>`` starts from."""
+    The model directory it wrote, which its summary names with the ``fit model=<dir>`` that starts from it."""
     if ckpt_path is not None:
         resumed = resume_fit(ckpt_path, tree, overrides, presets=sft_tree(compose_run([])[0], SFTConfig()))
         if resumed is not None:
@@ -134,11 +133,7 @@ def sft(tree: dict, ckpt_path: str | None = None, *, overrides: list[str] | None
     check_sft_config(tree)
     trainer = run("fit", tree, ckpt_path, builder=SFT_CLI).trainer
     fail_if_pending()
-    model_dir = Path(trainer.default_root_dir) / "model"
-    if trainer.is_global_zero and received_signal() is None:
-        print(f"model directory: {shown_path(model_dir)} (python -m lit_ppo fit model={shown_path(model_dir)})",
-              file=sys.stderr, flush=True)
-    return model_dir
+    return Path(trainer.default_root_dir) / "model"
 
 
 @contextmanager

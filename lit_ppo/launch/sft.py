@@ -3,8 +3,8 @@ chooses the model, ``actor.optimizer`` its AdamW (``LitSFT``), ``data`` the exam
 how they are read and for how many passes (``SFTDataModule``), ``trainer`` the accelerator, devices,
 precision, ``default_root_dir`` and tracking, ``checkpoint`` the checkpoints. It runs through fit's door
 (``lit_ppo.launch.run.sft``): a run directory ``<root>/<experiment>/sft-<task>-<model>-<time>/`` holds
-``config.yaml``, ``checkpoints/`` and the final model directory ``model/``, which ``fit model=<dir>``
-starts from. This file imports nothing heavy, so that composing an sft config loads no torch."""
+``config.yaml``, ``checkpoints/``, ``summary.txt`` and the final model directory ``model/``, which ``fit
+model=<dir>`` starts from. This file imports nothing heavy, so that composing an sft config loads no torch."""
 
 from __future__ import annotations
 
@@ -15,13 +15,14 @@ from lit_ppo.config.sft import SFTConfig
 SFT_DATA_KEYS = ("task", "task_kwargs", "system_prompt", "seed")
 """The data section's keys that the examples are read with (``SFTDataModule``'s besides ``sft``)."""
 SFT_TRAINER = {"max_epochs": -1, "val_check_interval": None, "check_val_every_n_epoch": None,
-               "num_sanity_val_steps": 0, "enable_progress_bar": False, "enable_model_summary": False,
+               "num_sanity_val_steps": 0, "enable_progress_bar": True, "enable_model_summary": False,
                "use_distributed_sampler": False}
 """Trainer arguments of every sft run: one epoch holding the run's batches in their order, which the data
-module counts out and shards between the ranks (``SFTDataModule.setup``); a line per tenth of the run
-(``SFTProgress``) instead of a progress bar."""
+module counts out and shards between the ranks (``SFTDataModule.setup``); its progress is ``SFTProgress``."""
 SFT_PROGRESS = {"class_path": "lit_ppo.training.sft.SFTProgress"}
-"""The sft run's lines: its step, loss and learning rate, and each evaluation's loss."""
+"""The sft run's progress, as a fit's on stdout: its step, loss and learning rate, and each evaluation's loss."""
+SFT_SUMMARY = {"class_path": "lit_ppo.training.sft.SFTSummary"}
+"""The block that ends an sft run, as a fit's: on stdout and in the run directory's ``summary.txt``."""
 
 
 def sft_tree(tree: dict, sft: SFTConfig, max_steps: int | None = None) -> dict:
@@ -34,7 +35,7 @@ def sft_tree(tree: dict, sft: SFTConfig, max_steps: int | None = None) -> dict:
     checkpoints = [c for c in trainer.get("callbacks") or [] if isinstance(c, dict)
                    and str(c.get("class_path", "")).endswith("ModelCheckpoint")]
     trainer.update(SFT_TRAINER, max_steps=-1 if max_steps is None else max_steps,
-                   callbacks=[*checkpoints, SFT_PROGRESS])
+                   callbacks=[*checkpoints, SFT_PROGRESS, SFT_SUMMARY])
     return {"model": {"model": model.get("model") or {},
                       "actor": {"optimizer": (model.get("actor") or {}).get("optimizer") or {}}, "algo": "sft"},
             "data": {**{key: data[key] for key in SFT_DATA_KEYS if key in data}, "sft": asdict(sft)},

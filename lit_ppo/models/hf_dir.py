@@ -5,18 +5,23 @@ model are written as, that transformers and vLLM load.
 that then replaces it (``lit_ppo.utils.fs.replace_directory``), so it is never half written. Its files
 get the modes of any new file (0o666 less the umask). An existing non-empty one is refused unless
 ``overwrite``; a place that cannot be written, or that is, contains or lies inside what is read, is
-refused before anything is written (``check_output``, ``check_writable``, ``check_apart``).
+refused before anything is written (``check_output``, ``check_writable``, ``check_apart``). Its config.json
+names the model's class (``architectures``), and it records the base model its weights descend from
+(``lit_ppo.config.model.MODEL_RECORD``), whose settings a run from it then chooses.
 """
 
 from __future__ import annotations
 
+import copy
 import errno
+import json
 import os
 import shutil
 from pathlib import Path
 
 import torch
 
+from lit_ppo.config.model import MODEL_RECORD, base_model
 from lit_ppo.errors import ConfigError, RunStopped
 from lit_ppo.utils.fs import os_error, remove_stale_directories, replace_directory, temporary_directory
 
@@ -33,7 +38,11 @@ def write_hf_files(model: torch.nn.Module, tokenizer, path: str | Path) -> None:
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    model.config.save_pretrained(path)
+    # The class that loads it, as save_pretrained records it: without it vLLM and AutoModel guess the bare
+    # decoder (LlamaModel), and a causal LM cannot be told from a sequence classifier before its weights load.
+    config = copy.deepcopy(model.config)
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(path)
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(path)
     tensors, seen = {}, set()
@@ -90,14 +99,22 @@ def check_apart(output: Path, flag: str, reads: dict[str, Path]) -> None:
                               f"give a directory apart from it")
 
 
-def write_model_dir(model, tokenizer, output: str | Path, overwrite: bool = False, flag: str = "--output") -> Path:
+def write_model_dir(model, tokenizer, output: str | Path, overwrite: bool = False, flag: str = "--output",
+                    source: str | None = None) -> Path:
     """Write ``model`` and ``tokenizer`` (with its chat template) to ``output`` atomically; ``flag``
-    names it in errors."""
+    names it in errors. ``source``: the model.source it was trained from, whose base model the directory
+    records (``lit_ppo.config.model.MODEL_RECORD``); None records none."""
     from transformers import GenerationConfig
 
     if getattr(model, "generation_config", None) is None:
         model.generation_config = GenerationConfig.from_model_config(model.config)
-    return publish(output, overwrite, flag, lambda tmp: write_hf_files(model, tokenizer, tmp))
+
+    def write(tmp: Path) -> None:
+        write_hf_files(model, tokenizer, tmp)
+        if source is not None:
+            (tmp / MODEL_RECORD).write_text(json.dumps({"base_model": base_model(source)}) + "\n", encoding="utf-8")
+
+    return publish(output, overwrite, flag, write)
 
 
 def _normal_modes(directory: str) -> None:

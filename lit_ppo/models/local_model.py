@@ -115,10 +115,19 @@ def model_dir_problem(path: str | Path, head: str = "causal") -> str | None:
         is_head = any(a.endswith(endings) or a in set(mapping.values()) for a in architectures)
     else:
         is_head = config.model_type in mapping
+    causal_endings = HEADS["causal"][1]
+    if not is_head and head == "classifier" and any(a.endswith(causal_endings) for a in architectures):
+        return f"is a causal LM (config.json's architectures: {', '.join(architectures)}), not a sequence classifier"
     if not is_head:
         return (f"is not {kind} (model_type {config.model_type!r}, architectures "
                 f"{', '.join(architectures) or 'none'})")
-    return weights_problem(path, config, head)
+    problem = weights_problem(path, config, head)
+    if (problem is not None and head == "classifier" and not architectures
+            and config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and weights_problem(path, config) is None):
+        # A config that names no class (saved from the config alone) over a causal LM's weights.
+        return (f"is a causal LM (its weights are a {MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]}'s, and "
+                f"config.json names no architectures), not a sequence classifier")
+    return problem
 
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"

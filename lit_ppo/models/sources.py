@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from lit_ppo.config.model import NAMED_SOURCES
 from lit_ppo.errors import ConfigError
 from lit_ppo.models.attention import use_float32_attention_on_cpu
 from lit_ppo.models.cache import _cached, cache_entry
@@ -23,7 +24,7 @@ from lit_ppo.models.smollm2 import SMOLLM2_CACHE_NAME, _convert_smollm2
 from lit_ppo.models.tiny import TinyModelConfig, build_tiny, tiny_dir
 from lit_ppo.utils.imports import describe
 
-MODEL_SOURCES = ("tiny", "smollm2")
+MODEL_SOURCES = NAMED_SOURCES
 """Named model sources of ``load_causal_lm``; any local directory is accepted too."""
 
 

@@ -172,7 +172,7 @@ def export(ckpt_path: str | Path, output: str | Path | None, overwrite: bool = F
     policy, tokenizer = _load(ckpt_path, cfg, weights, distributed)
     written = []
     if output is not None:
-        written.append(write_model_dir(merged_model(policy), tokenizer, output, overwrite))
+        written.append(write_model_dir(merged_model(policy), tokenizer, output, overwrite, source=cfg.source))
     if adapter is not None:
         written.append(write_adapter_dir(policy, adapter, overwrite))
     return written

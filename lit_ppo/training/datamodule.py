@@ -30,6 +30,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_ppo.config import EvalConfig, GenerationConfig, RolloutConfig
 from lit_ppo.errors import ConfigError
+from lit_ppo.models.policy import context_length
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.collector import Collector
 from lit_ppo.rollout.engines.factory import build_engine
@@ -151,7 +152,7 @@ class RolloutDataModule(L.LightningDataModule):
         budget, must fit the model's context; a one-line ConfigError otherwise."""
         trained = self._trained
         self._check_allowed_tokens(trained.tokenizer)
-        self._check_context(trained.tokenizer, getattr(trained.policy, "config", None), stage)
+        self.check_context(trained.tokenizer, context_length(getattr(trained.policy, "config", None)), stage)
 
     def _check_allowed_tokens(self, tokenizer) -> None:
         if not self.gconfig.restrict_to_task_tokens:
@@ -177,13 +178,15 @@ class RolloutDataModule(L.LightningDataModule):
                               f"tokenizer's vocabulary of {vocab} (ids 0 to {vocab - 1}): "
                               f"{', '.join(map(repr, outside[:5]))}{', ...' if len(outside) > 5 else ''}")
 
-    def _check_context(self, tokenizer, model_config, stage: str) -> None:
+    def check_context(self, tokenizer, context: int | None, stage: str) -> None:
         """The longest prompt plus ``gconfig.max_new_tokens`` (a multi-turn episode: ``max_turns`` turns
-        of it and the markup of the feedback turns between them, at least) must fit the model's context."""
-        context = _context_length(model_config)
+        of it and the markup of the feedback turns between them, at least) must fit the model's ``context``
+        (None: the model declares none); the prompts of the splits that ``stage`` reads. Needs no trainer:
+        the checks before a run call it too (``lit_ppo.launch.check``)."""
         if context is None or is_agent(self.task):  # an agent's client checks each call as it is made
             return
-        workflow = self._workflow(tokenizer, SamplingParams(n=1, max_new_tokens=self.gconfig.max_new_tokens))
+        workflow = build_workflow(self.task, tokenizer, SamplingParams(n=1, max_new_tokens=self.gconfig.max_new_tokens),
+                                  self.rollout, max_model_len=context)
         splits = [("test", self.eval_problem_count())]
         if stage == "fit":
             splits.insert(0, ("train", None))
@@ -278,7 +281,7 @@ class RolloutDataModule(L.LightningDataModule):
 
     def _workflow(self, tokenizer, params: SamplingParams, *, evaluating: bool = False) -> Workflow:
         """The task's workflow (``build_workflow``); an agent's sequences hold at most the policy's context."""
-        context = _context_length(getattr(self._trained.policy, "config", None)) or tokenizer.model_max_length
+        context = context_length(getattr(self._trained.policy, "config", None)) or tokenizer.model_max_length
         return build_workflow(self.task, tokenizer, params, self.rollout, max_model_len=context,
                               evaluating=evaluating)
 
@@ -396,12 +399,6 @@ def _token_id(value, vocab: int) -> bool:
         return 0 <= operator.index(value) < vocab
     except TypeError:
         return False
-
-
-def _context_length(config) -> int | None:
-    """The longest sequence a model's config declares (``max_position_embeddings``), None if it declares none."""
-    value = getattr(config, "max_position_embeddings", None)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _trainer_autocast(trainer) -> str | None:

@@ -11,20 +11,22 @@ hyperparameters, so ``python -m lit_ppo export`` reads them, and the final model
 
 from __future__ import annotations
 
-import sys
 from dataclasses import asdict
 
 import lightning as L
 import torch
 
 from lit_ppo.callbacks.export import ExportModel
-from lit_ppo.callbacks.graceful_stop import GracefulStop
+from lit_ppo.callbacks.graceful_stop import GracefulStop, last_checkpoint_path
+from lit_ppo.callbacks.progress import IterationProgress
+from lit_ppo.callbacks.summary import RunSummary, places
 from lit_ppo.config import ModelConfig
 from lit_ppo.config.sft import SFTActorConfig
 from lit_ppo.models import load_policy, token_logprobs
 from lit_ppo.models.lora import add_lora, lora_config, merged_model
 from lit_ppo.training.checkpoint_io import install_checkpoint_io
 from lit_ppo.training.optim import adamw_with_schedule
+from lit_ppo.utils.fs import shown_path
 
 
 class LitSFT(L.LightningModule):
@@ -94,20 +96,72 @@ class LitSFT(L.LightningModule):
         self.log("sft/val_loss", total / count.clamp(min=1), batch_size=int(count), sync_dist=True, prog_bar=True)
 
 
-class SFTProgress(L.Callback):
-    """One line per tenth of the run's optimizer steps (and the last), and one per evaluation of the test
-    split, on rank 0: ``sft step 40/400 loss 1.234 lr 2e-05``, ``sft epoch 1 val_loss 0.987``."""
+class SFTProgress(IterationProgress):
+    """Fit's progress (``IterationProgress``) in the run's optimizer steps, with the training loss and learning
+    rate: on a terminal the rich bar; elsewhere a plain line on stdout per tenth of the run (and the last),
+    ``sft step 40/400 loss 1.23 lr 2e-05 eta 0:01:10``. Each evaluation of the test split is a line,
+    ``sft epoch 1 val_loss 0.9870``. Rank 0 only."""
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step, total = trainer.global_step, trainer.max_steps
-        if not trainer.is_global_zero or not (step % max(1, int(total) // 10) == 0 or step == total):
-            return
-        loss = trainer.callback_metrics.get("sft/loss")
-        lr = trainer.optimizers[0].param_groups[0]["lr"]
-        print(f"sft step {step}/{int(total)} loss {float(loss):.4f} lr {lr:.3g}", file=sys.stderr, flush=True)
+    description = "sft step"
+    shown = {"loss": "sft/loss", "lr": "sft/lr"}
+    narrow_order = ("loss", "lr")
 
-    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+    @staticmethod
+    def plain_line_due(trainer: L.Trainer, step: int, total: int | float) -> bool:
+        return step % max(1, int(total) // 10) == 0 or step == total
+
+    def evaluation_line(self, trainer: L.Trainer) -> str | None:
         value = trainer.callback_metrics.get("sft/val_loss")
-        if trainer.is_global_zero and value is not None and not trainer.sanity_checking:
-            epoch = round(trainer.global_step * trainer.accumulate_grad_batches / trainer.val_check_interval)
-            print(f"sft epoch {epoch} val_loss {float(value):.4f}", file=sys.stderr, flush=True)
+        if value is None:
+            return None
+        epoch = round(trainer.global_step * trainer.accumulate_grad_batches / trainer.val_check_interval)
+        return f"sft epoch {epoch} val_loss {float(value):.4f}"
+
+
+class SFTSummary(RunSummary):
+    """The block that ends an sft run, as ``RunSummary`` ends a fit (on stdout, and ``summary.txt`` in the run
+    directory and each tracked run): the steps and time, the training loss of the first and last step of this
+    session, the last loss on the test split, where the outputs are, and the commands that resume a run stopped
+    early and start RL from its model (which records its base model: fit chooses that model's settings)."""
+
+    def __init__(self):
+        super().__init__()
+        self._first_loss: tuple[int, float] | None = None
+        """``(step, training loss)`` of this session's first step."""
+        self._last_loss: tuple[int, float] | None = None
+        """``(step, training loss)`` of this session's last step."""
+        self._val_loss: tuple[int, float] | None = None
+        """``(step, loss on the test split)`` of the last evaluation."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._first_loss = self._last_loss = self._val_loss = None
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        loss = trainer.callback_metrics.get("sft/loss")
+        if loss is not None:
+            self._last_loss = (trainer.global_step, float(loss))
+            self._first_loss = self._first_loss or self._last_loss
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
+        value = trainer.callback_metrics.get("sft/val_loss")
+        if value is not None and not trainer.sanity_checking:
+            self._val_loss = (trainer.global_step, float(value))
+
+    def lines(self, trainer: L.Trainer) -> list[tuple[str, str]]:
+        rows = [("steps", self.progress(trainer))]
+        if self._first_loss is not None and self._last_loss is not None:
+            (first_step, first), (last_step, last) = self._first_loss, self._last_loss
+            rows.append(("loss", f"{first:.4g} (step {first_step}) -> {last:.4g} (step {last_step})"))
+        if self._val_loss is not None:
+            step, value = self._val_loss
+            rows.append(("val_loss", f"{value:.4g} (step {step})"))
+        rows += places(trainer)
+        checkpoint = last_checkpoint_path(trainer)
+        if checkpoint.exists() and trainer.global_step < trainer.max_steps:
+            rows.append(("resume", f"python -m lit_ppo sft --ckpt_path {shown_path(checkpoint)}"))
+        for callback in trainer.callbacks:
+            model_dir = callback.output_dir(trainer) if isinstance(callback, ExportModel) else None
+            if model_dir is not None and (model_dir / "config.json").is_file():
+                rows.append(("fit from model", f"python -m lit_ppo fit model={shown_path(model_dir)}"))
+        return rows

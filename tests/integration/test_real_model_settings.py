@@ -57,3 +57,26 @@ def test_the_python_api_and_the_critic_follow_the_model(model_dir):
     config["actor.optimizer.lr"] = 2e-6  # set after composing: the user's choice, not noted
     assert real_model_note(config.tree) == _note(model_dir, "actor.entropy_coef=0.0 (the tiny model's: 0.01)",
                                                  "critic.optimizer.lr=1e-05 (the tiny model's: 1.0e-3)")
+
+
+def test_a_directory_lit_ppo_wrote_keeps_its_base_models_settings(model_dir, tmp_path):
+    """An export or an sft's ``model/`` records the model it descends from: one made from the tiny model trains
+    with the tiny model's settings, one made from SmolLM2 with a real model's (``lit_ppo.config.model``)."""
+    import json
+    import shutil
+
+    from lit_ppo.config.model import MODEL_RECORD
+
+    made = {}
+    for base in ("tiny", "smollm2"):
+        made[base] = tmp_path / f"from-{base}"
+        shutil.copytree(model_dir, made[base])
+        (made[base] / MODEL_RECORD).write_text(json.dumps({"base_model": base}))
+    tiny = compose([f"model={made['tiny']}", "algo=ppo", "logger=none"])
+    assert (tiny["model"]["actor"]["optimizer"]["lr"], tiny["model"]["actor"]["entropy_coef"],
+            tiny["model"]["critic"]["optimizer"]["lr"]) == (1e-3, 0.01, 1e-3)
+    assert real_model_note(tiny) is None
+    real = compose([f"model={made['smollm2']}", "logger=none"])
+    assert (real["model"]["actor"]["optimizer"]["lr"], real["model"]["actor"]["entropy_coef"]) == (1e-6, 0.0)
+    assert real_model_note(real) == _note(made["smollm2"], "actor.entropy_coef=0.0 (the tiny model's: 0.01)",
+                                          "actor.optimizer.lr=1e-06 (the tiny model's: 1.0e-3)")

@@ -86,8 +86,8 @@ def test_the_chain_sum_recipe_runs_shrunk_sft_then_grpo_from_its_model(cli, smol
     sft = cli("sft", "recipe=smollm2_chain_sum", "sft.completion_template=<answer>{answer}</answer>", *small,
               "sft.batch_size=4", "actor.optimizer.lr=1e-4", timeout=900)
     assert sft.returncode == 0, sft.stderr[-3000:]
-    assert "sft step 2/2" in sft.stderr and "sft epoch 1 val_loss" in sft.stderr
-    model = re.search(r"model directory: (\S+)", sft.stderr).group(1)
+    assert "sft step 2/2" in sft.stdout and "sft epoch 1 val_loss" in sft.stdout
+    model = re.search(r"^  fit from model python -m lit_ppo fit model=(\S+)$", sft.stdout, re.M).group(1)
     fit = cli("fit", "recipe=smollm2_chain_sum", f"model={model}", *small, "trainer.max_steps=1", "data.batch_size=2",
               "gconfig.n_samples=2", "eval.max_problems=2", "data.dynamic_filter_fn=null", timeout=900)
     assert fit.returncode == 0, fit.stderr[-3000:]

@@ -68,7 +68,7 @@ def test_a_class_gets_only_the_preset_settings_it_takes(task_module):
                                     "--print_config")) == {"seed": 0}
     assert _task_kwargs(task_module("fit", "data=dataset", "data.task=own_tasks_kwargs.Seeded",
                                     "data.task_kwargs.size=4", "data.task_kwargs.seed=5", "logger=none",
-                                    "--print_config")) == {"size": 4, "seed": 5}
+                                    "gconfig.max_new_tokens=64", "--print_config")) == {"size": 4, "seed": 5}
 
 
 def _error(result) -> str:

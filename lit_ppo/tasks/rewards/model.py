@@ -141,8 +141,9 @@ class RewardModel:
         cfg = _settings(settings, settings_key)
         problem = model_dir_problem(path, head="classifier")
         if problem is not None:
-            raise ValueError(f"{where}={path!r} {problem}: a reward model is an AutoModelForSequenceClassification "
-                             f"directory, as TRL's RewardTrainer saves it")
+            raise ValueError(f"{where}={path!r} {problem}: a reward model directory holds a sequence classifier, "
+                             f"as TRL's RewardTrainer saves it (config.json's architectures such as "
+                             f"LlamaForSequenceClassification, and the weights of its score head)")
         from transformers import AutoConfig
 
         labels = AutoConfig.from_pretrained(model_source_dir(path), local_files_only=True).num_labels

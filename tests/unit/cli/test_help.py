@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import inspect
+import os
 import re
 import subprocess
 import sys
@@ -169,6 +170,22 @@ def test_fit_help_by_hand(capsys):
     assert "eval.k=4" in validate
 
 
+def test_fit_help_of_a_model_directory_names_it(capsys):
+    # Help composes without loading the model: any directory name is shown as given.
+    model_dir = "out/my-model"
+    text = _help(capsys, "fit", f"model={model_dir}", "--help")
+    header = " ".join(text.split("presets (group=option):")[0].split())
+    assert f"the presets chosen (algo=grpo model={model_dir} data=arithmetic " in header
+    assert "model=tiny" not in header
+    presets = " ".join(text.split("presets (group=option):")[1].split("actor:")[0].split())
+    assert (f"model={model_dir}: a model directory or hub id (model.source), with the tiny preset's other settings "
+            f"others: smollm2, tiny") in presets
+    assert _keys(text)["model.source"][0] == model_dir
+    # the presets' own models are named by their option, as before
+    assert "the presets chosen (algo=grpo model=smollm2 " in " ".join(_help(capsys, "fit", "model=smollm2",
+                                                                             "--help").split())
+
+
 def test_fit_help_of_overrides_that_do_not_compose(capsys):
     assert main(["fit", "algo=GRPO", "--help"]) == 2
     err = capsys.readouterr().err
@@ -213,6 +230,24 @@ def test_version(capsys):
     text = _help(capsys, "--version")
     assert text.startswith(f"lit_ppo {importlib.metadata.version('lit_ppo')} (")
     assert f"torch {importlib.metadata.version('torch')}" in text
+
+
+def test_the_lit_ppo_command_is_python_m_lit_ppo(capsys, tmp_path):
+    """The console command that installing the package puts beside the interpreter (``.venv/bin/lit-ppo``)
+    runs the same command line, from any directory, whether the environment is activated or not."""
+    command = Path(sys.executable).parent / "lit-ppo"
+    assert command.is_file(), f"{command}: not installed (make setup installs the package)"
+    main(["--help"])
+    expected = capsys.readouterr().out
+    # not activated: the environment's bin directory is not on the PATH
+    env = {**{k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}, "PATH": "/usr/bin:/bin",
+           "LIT_PPO_CACHE": str(tmp_path / "cache")}
+    result = subprocess.run([str(command), "--help"], capture_output=True, text=True, cwd=tmp_path, timeout=60, env=env)
+    assert (result.returncode, result.stdout, result.stderr) == (0, expected, "")
+    refused = subprocess.run([str(command), "fit", "learning_rate=1e-6"], capture_output=True, text=True,
+                             cwd=tmp_path, timeout=60, env=env)
+    assert (refused.returncode, refused.stderr) == (
+        2, "error: learning_rate is not a key: TRL's learning_rate is actor.optimizer.lr\n")
 
 
 def without_torch(calls: str) -> subprocess.CompletedProcess:

@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 from lit_ppo.config.sft import SFTConfig
 from lit_ppo.launch.compose import compose
-from lit_ppo.launch.sft import SFT_PROGRESS, SFT_TRAINER, sft_tree
+from lit_ppo.launch.sft import SFT_PROGRESS, SFT_SUMMARY, SFT_TRAINER, sft_tree
 
 
 def test_the_tree_takes_fits_model_optimizer_data_and_trainer_but_an_iterations_keys():
@@ -21,7 +21,7 @@ def test_the_tree_takes_fits_model_optimizer_data_and_trainer_but_an_iterations_
     assert trainer["max_steps"] == -1  # sft.epochs decide, not the presets' iterations
     assert {k: trainer[k] for k in SFT_TRAINER} == SFT_TRAINER
     assert [c["class_path"] for c in trainer["callbacks"]] == ["lightning.pytorch.callbacks.ModelCheckpoint",
-                                                               SFT_PROGRESS["class_path"]]
+                                                               SFT_PROGRESS["class_path"], SFT_SUMMARY["class_path"]]
     assert trainer["accelerator"] == fit["trainer"]["accelerator"] and trainer["logger"] == fit["trainer"]["logger"]
 
 

@@ -11,6 +11,17 @@ def test_closest_ignores_case_and_offers_nothing_for_an_allowed_name():
     assert closest("gsm", ["gsm8k", "gsm_symbolic", "word_problems"], n=5, cutoff=0.5) == ["gsm8k"]
 
 
+def test_closest_offers_no_name_of_other_words():
+    # close in letters, another meaning: nothing offered
+    assert closest("total_epochs", ["max_epochs", "min_epochs"]) == []
+    assert closest("max_prompt_length", ["max_problems", "max_new_tokens"]) == []
+    # a typo within each word, a letter's case, the underscores alone: offered
+    assert closest("eps_clp", ["eps_clip", "eps_clip_higher"]) == ["eps_clip"]
+    assert closest("max_stpes", ["max_steps", "max_epochs"]) == ["max_steps"]
+    assert closest("drgrpo", ["dr_grpo", "grpo"]) == ["dr_grpo"]
+    assert closest("tpu", ["cpu", "ddp"]) == ["cpu"]
+
+
 def test_did_you_mean_and_one_of():
     assert (did_you_mean("Max_steps", ["max_steps", "min_steps"], prefix="trainer.")
             == " (did you mean trainer.max_steps?)")

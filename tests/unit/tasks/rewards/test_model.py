@@ -6,6 +6,7 @@ setting fails in one line before any weight loads."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import re
 from pathlib import Path
@@ -175,9 +176,20 @@ def test_a_directory_that_is_not_a_reward_model_fails_in_one_line(tmp_path, rm_d
     policy, tokenizer = build_tiny(TinyModelConfig(), tmp_path / "cache")
     policy.save_pretrained(tmp_path / "policy")
     tokenizer.save_pretrained(tmp_path / "policy")
-    tail = ": a reward model is an AutoModelForSequenceClassification directory, as TRL's RewardTrainer saves it$"
-    with pytest.raises(ValueError, match=rf"^{W}='{tmp_path}/policy' is not a sequence classifier \(model_type "
-                                         rf"'llama', architectures LlamaForCausalLM\){tail}"):
+    tail = re.escape(": a reward model directory holds a sequence classifier, as TRL's RewardTrainer saves it "
+                     "(config.json's architectures such as LlamaForSequenceClassification, and the weights of its "
+                     "score head)") + "$"
+    with pytest.raises(ValueError, match=rf"^{W}='{tmp_path}/policy' is a causal LM \(config.json's architectures: "
+                                         rf"LlamaForCausalLM\), not a sequence classifier{tail}"):
+        reward_model(str(tmp_path / "policy"))
+    # A causal LM whose config.json names no class (transformers then builds a classifier from it, whose score
+    # head the weights lack): told by its weights.
+    config = json.loads((tmp_path / "policy" / "config.json").read_text())
+    del config["architectures"]
+    (tmp_path / "policy" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=rf"^{W}='{tmp_path}/policy' is a causal LM \(its weights are a "
+                                         rf"LlamaForCausalLM's, and config.json names no architectures\), not a "
+                                         rf"sequence classifier{tail}"):
         reward_model(str(tmp_path / "policy"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match=rf"^{W}='{tmp_path}/empty' has no config.json: must be a Hugging Face "
