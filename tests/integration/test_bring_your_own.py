@@ -143,8 +143,8 @@ def test_the_worked_example_runs_as_written(tmp_path):
     made = run_dir(tmp_path)
     assert made.name.startswith("grpo-dataset-tiny-")
     assert {p.name for p in (made / "model").iterdir()} == {
-        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-        "chat_template.jinja"}
+        "config.json", "generation_config.json", "lit_ppo_model.json", "model.safetensors", "tokenizer.json",
+        "tokenizer_config.json", "chat_template.jinja"}
     for command in commands[2:]:
         args = shlex.split(command.replace("runs/lit_ppo/<run>", str(made)))[3:]
         result = run_cli(args, tmp_path, timeout=300, env=env)

@@ -23,6 +23,9 @@ GSM8K = REPO / "tests" / "fixtures" / "gsm8k_sample.jsonl"
 REQUIRED = {"data=gsm8k": [f"data.task_kwargs.train_path={GSM8K}"],
             "data=dataset": [f"data.task_kwargs.train_path={GSM8K}", "data.task_kwargs.prompt_key=question"]}
 """Keys a group option leaves to the user (``???`` in its YAML)."""
+REAL_MODEL_DATA = ("data=chain_sum", "data=dataset", "data=gsm8k", "data=gsm_symbolic", "data=word_problems")
+"""Tasks whose prompts and completion budget exceed the tiny model's 128 positions: printed for SmolLM2, and
+refused for the tiny model before anything loads."""
 GPU_OPTIONS = ("trainer=gpu", "recipe=smollm2_word_problems_gpu")
 """Options that train on a CUDA GPU."""
 GROUPS = sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and not p.name.startswith("_"))
@@ -43,6 +46,10 @@ def test_every_group_option_prints_a_config_that_validates(override, capsys, req
         assert main(["fit", override, "--print_config"]) == 2
         assert "error: trainer.accelerator=gpu is not available on this machine" in capsys.readouterr().err
         return
+    if override in REAL_MODEL_DATA:
+        assert main(["fit", override, *required, "--print_config"]) == 2
+        assert "more than the model's context length of 128" in capsys.readouterr().err
+        required = [*required, "model=smollm2"]
     with pytest.raises(SystemExit) as exit_info:  # --print_config exits after printing
         main(["fit", override, *required, "--print_config"])
     out, err = capsys.readouterr()
