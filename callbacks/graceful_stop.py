@@ -142,6 +142,19 @@ class GracefulStop(L.Callback):
         self._saved_step = trainer.global_step
         self._last_before = _file_identity(last_checkpoint_path(trainer))
 
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
+        # ModelCheckpoint keeps its state (last.ckpt's path, the periodic checkpoints it counts) under a key that
+        # names its every_n_train_steps: a resume that changes checkpoint.every_n_iterations would find none, write
+        # last.ckpt anew as last-v1.ckpt (which --ckpt_path last passes over) and never delete the run's older
+        # checkpoints; one that lowers checkpoint.keep would count more checkpoints than it keeps, and fail. The
+        # state of the run's callback of the same directory goes on, fitted to this one's save_top_k.
+        states = checkpoint.get("callbacks") or {}
+        for cb in trainer.callbacks:
+            if isinstance(cb, ModelCheckpoint):
+                state = states.get(cb.state_key) or _saved_state(cb, states)
+                if state is not None:
+                    states[cb.state_key] = _fitted_state(cb, state)
+
     def on_train_end(self, trainer: L.Trainer, pl_module) -> None:
         if trainer.global_step > self._saved_step and (stop_requested() or self._keeps_last(trainer)):
             self._write_last(trainer)
@@ -150,7 +163,12 @@ class GracefulStop(L.Callback):
             self._say(message)
 
     def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
-        if trainer.state.fn != "fit" or trainer.global_step == 0:
+        if trainer.state.fn != "fit":
+            return
+        if trainer.global_step == 0:
+            if isinstance(exception, KeyboardInterrupt) and received_signal() is not None:  # a second signal
+                self._say(f"stopped by {signal_name(received_signal())} before the first iteration completed: "
+                          f"nothing was trained")
             return
         # Stopped while a batch was generated or scored, or during an evaluation (a second signal, a
         # reward function that raised or exited): the weights are those of the last completed iteration
@@ -184,6 +202,28 @@ class GracefulStop(L.Callback):
     def _say(self, message: str) -> None:
         if self._trainer is None or self._trainer.is_global_zero:
             print(message, file=sys.stderr, flush=True)
+
+
+def _saved_state(cb: ModelCheckpoint, states: dict) -> dict | None:
+    """The state that the one ModelCheckpoint of ``cb``'s directory and monitor saved in a checkpoint's callback
+    ``states`` under another key (other arguments); None if there is not exactly one."""
+    saved = [state for key, state in states.items() if str(key).startswith(type(cb).__qualname__ + "{")
+             and isinstance(state, dict) and state.get("dirpath") == cb.dirpath and state.get("monitor") == cb.monitor]
+    return saved[0] if len(saved) == 1 else None
+
+
+def _fitted_state(cb: ModelCheckpoint, state: dict) -> dict:
+    """A ModelCheckpoint's saved ``state`` as ``cb`` keeps checkpoints: of the periodic checkpoints it counts,
+    the best ``save_top_k`` (the newest, ranked by iteration), the worst of them the next to go once it holds
+    that many (the others stay on disk until retention deletes every older one with it)."""
+    best = state.get("best_k_models") or {}
+    if cb.save_top_k < 0 or len(best) < cb.save_top_k:
+        return state
+    ranked = sorted(best.items(), key=lambda item: item[1], reverse=cb.mode == "max")[:cb.save_top_k]
+    if not ranked:
+        return {**state, "best_k_models": {}}
+    kth_path, kth_value = ranked[-1]
+    return {**state, "best_k_models": dict(ranked), "kth_best_model_path": kth_path, "kth_value": kth_value}
 
 
 def last_checkpoint_path(trainer: L.Trainer) -> Path:

@@ -11,12 +11,15 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import BatchesProcessedColumn, CustomBarColumn, CustomTimeColumn
 from rich.progress import TextColumn
 
-SHOWN = {"reward": "rollout/reward_mean", "kl": "actor/approx_kl", "entropy": "actor/entropy",
-         "length": "rollout/response_length"}
-"""Progress name -> logged metric."""
+from lit_ppo.utils.stop_requests import stop_requested
+
+SHOWN = {"reward": "rollout/reward_mean", "kl": "actor/kl_ref", "approx_kl": "actor/approx_kl",
+         "entropy": "actor/entropy", "length": "rollout/response_length"}
+"""Progress name -> logged metric: ``kl`` is TRL's, the KL to the reference model or the teacher (logged only with
+one), ``approx_kl`` the policy's change in each update."""
 BAR_WIDTH = 12
 """Characters of the bar itself: with the counts, the times and the reward it fits 80 columns."""
-NARROW_ORDER = ("reward", "s/it", "kl", "entropy", "length")
+NARROW_ORDER = ("reward", "s/it", "kl", "approx_kl", "entropy", "length")
 """What the bar keeps first when the terminal is too narrow for every metric."""
 
 
@@ -31,7 +34,8 @@ def _clock(seconds: float) -> str:
 
 
 class IterationProgress(RichProgressBar):
-    """``iteration i/N`` with its ETA, reward, KL, entropy, response length and seconds per iteration.
+    """``iteration i/N`` with its ETA, reward, KL to the reference or teacher (with one), the policy's change per
+    update, entropy, response length and seconds per iteration.
 
     On a terminal this is Lightning's rich bar counting RL iterations (not epochs: the prompt stream
     has none). When stdout is not a terminal (nohup, Slurm, CI logs), where a live bar shows nothing
@@ -137,6 +141,8 @@ class IterationProgress(RichProgressBar):
         super().on_validation_end(trainer, pl_module)
         if not trainer.is_global_zero or trainer.state.fn != "fit" or trainer.sanity_checking:
             return  # validate / test print Lightning's table instead
+        if stop_requested():
+            return  # a stop cut the evaluation short: it logged no score, and an earlier one's is not this one's
         line = self.evaluation_line(trainer)
         if line is None:
             return

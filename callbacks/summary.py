@@ -18,6 +18,9 @@ from lit_ppo.utils.fs import shown_path
 from lit_ppo.utils.imports import object_references, python_source
 
 REWARD = "rollout/reward_mean"
+KL_ROWS = {"kl": "actor/kl_ref", "approx_kl": "actor/approx_kl"}
+"""Summary row -> the KL it shows: TRL's ``kl`` (to the reference or the teacher, logged only with one) and the
+policy's change in each update."""
 REWARD_TERMS = "rollout/rewards/"
 """Each reward function's mean (``rollout/rewards/<name>/mean``), for a task that sums several."""
 SUMMARY_FILE = "summary.txt"
@@ -34,7 +37,8 @@ class RunSummary(L.Callback):
     """When a fit ends (its last iteration, or stopped by a signal), rank 0 prints a block to stdout and
     writes it to ``summary.txt`` in the run directory and in each MLflow and W&B run: the iterations and
     time, the reward of the first and last iteration of this session (and each reward function's mean,
-    for a task that sums several), the last evaluation's scores, the run directory, the last checkpoint,
+    for a task that sums several), the KL to the reference or teacher (with one) and the policy's change per
+    update at the same iterations, the last evaluation's scores, the run directory, the last checkpoint,
     the exported model, the MLflow run, and the commands that resume a run stopped early, score the
     checkpoint on the test split (for a task that has one) and export it."""
 
@@ -44,18 +48,24 @@ class RunSummary(L.Callback):
         self._started: float | None = None
         self._first_step = 0
         self._rewards: list[tuple[int, float]] = []
+        self._kls: dict[str, list[tuple[int, float]]] = {}
+        """Logged KL metric -> its (iteration, value) at the first and the last iteration of this session."""
         self._terms: dict[str, list[float]] = {}
         """Reward function name -> its mean at the first and the last iteration of this session that gave it."""
         self._eval: tuple[int, dict[str, float]] | None = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
         self._started, self._first_step, self._rewards, self._eval = time.monotonic(), trainer.global_step, [], None
-        self._terms = {}
+        self._terms, self._kls = {}, {}
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         reward = trainer.callback_metrics.get(REWARD)
         if reward is not None:
             self._rewards.append((trainer.global_step, float(reward)))
+        for key in KL_ROWS.values():
+            if key in trainer.callback_metrics:
+                point = (trainer.global_step, float(trainer.callback_metrics[key]))
+                self._kls[key] = [self._kls.get(key, [point])[0], point]
         for key, value in trainer.callback_metrics.items():
             if key.startswith(REWARD_TERMS) and key.endswith("/mean") and not math.isnan(float(value)):
                 name = key.removeprefix(REWARD_TERMS).removesuffix("/mean")
@@ -102,6 +112,7 @@ class RunSummary(L.Callback):
         if self._terms:
             rows.append(("rewards", ", ".join(f"{name} {first:.3g} -> {last:.3g}"
                                               for name, (first, last) in self._terms.items())))
+        rows += self._kl_rows(trainer)
         if self._eval is not None:
             step, scores = self._eval
             shown = ", ".join(f"{key.removeprefix('eval/')} {value:.3g}" for key, value in scores.items())
@@ -114,6 +125,21 @@ class RunSummary(L.Callback):
             scored = isinstance(datamodule, RolloutSource) and datamodule.eval_problem_count() > 0
             rows += _commands(Path(trainer.default_root_dir) / "config.yaml", checkpoint,
                               resume=trainer.global_step < trainer.max_steps, scored=scored)
+        return rows
+
+    def _kl_rows(self, trainer: L.Trainer) -> list[tuple[str, str]]:
+        """``kl``: TRL's kl, the KL of the policy to the reference model (or to the teacher, with
+        ``model.teacher``); ``approx_kl``: how far each update moved the policy. Each at the first and the last
+        iteration of this session, named by its metric."""
+        teacher = getattr(getattr(trainer.lightning_module, "model_cfg", None), "teacher", None)
+        meaning = {"kl": f"KL to the {'teacher' if teacher else 'reference model'}, TRL's kl",
+                   "approx_kl": "the policy's change per update"}
+        rows = []
+        for label, key in KL_ROWS.items():
+            if key in self._kls:
+                (first_step, first), (last_step, last) = self._kls[key]
+                rows.append((label, f"{first:.3g} (iteration {first_step}) -> {last:.3g} (iteration {last_step}): "
+                                    f"{meaning[label]} ({key})"))
         return rows
 
 

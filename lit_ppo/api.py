@@ -25,7 +25,7 @@ from lit_ppo.config.sections import Sections, check_sections
 from lit_ppo.errors import ConfigError
 from lit_ppo.launch import run as launch
 from lit_ppo.launch.compose import compose_run
-from lit_ppo.launch.lightning_cli import LitPPOCLI, quiet_expected_output
+from lit_ppo.launch.lightning_cli import LitPPOCLI
 from lit_ppo.launch.presets import given_task_kwargs, group_options, is_group, keep_taken_task_kwargs
 from lit_ppo.models import default_cache_dir
 from lit_ppo.run import export as run_export
@@ -33,6 +33,7 @@ from lit_ppo.run.lock import release_run_locks
 from lit_ppo.utils.config_values import PLAIN_SCALARS, is_plain
 from lit_ppo.utils.fs import file_sha256, temporary_directory
 from lit_ppo.utils.imports import object_reference, object_references
+from lit_ppo.utils.quiet import quiet_expected_output
 from lit_ppo.utils.stop_requests import exit_on_signals, forget_stop_requests, received_signal, signal_name
 
 

@@ -8,13 +8,14 @@ test accuracy, the recipe's fit for each seed, the figure and the numbers of the
 Every command is the recipe's own, ``python -m lit_ppo <validate|fit> recipe=smollm2_word_problems seed=S
 [key=value ...]``, run as a subprocess in a temporary directory with its own MLflow store, one at a time:
 first ``validate`` (greedy, so one baseline serves every seed; its printed score is read), then one ``fit``
-per seed. The fits' metrics are read back from MLflow with their timestamps: ``eval/accuracy`` (greedy,
-held-out test problems) and ``rollout/reward_mean`` against iteration and against minutes since the run
-started; the sample completions are the CompletionSamples artifacts of the first and the last logged
-iteration, and the greedy completions of the first test problems by the untrained model and by each run's
-exported model (``<run dir>/model``, loaded with transformers as any user of the export would). Peak memory
-is the child's maximum resident set size (``os.wait4``). Extra ``key=value`` arguments go to every
-command (for a shorter check: ``trainer.max_steps=2 trainer.val_check_interval=1 eval.max_problems=8``).
+per seed, with ``eval.before_training=false`` (the baseline is that score). The fits' metrics are read back
+from MLflow with their timestamps: ``eval/accuracy`` (greedy, held-out test problems) and
+``rollout/reward_mean`` against iteration and against minutes since the run started; the sample completions
+are the CompletionSamples artifacts of the first and the last logged iteration, and the greedy completions of
+the first test problems by the untrained model and by each run's exported model (``<run dir>/model``, loaded
+with transformers as any user of the export would). Peak memory is the child's maximum resident set size
+(``os.wait4``). Extra ``key=value`` arguments go to every command (for a shorter check: ``trainer.max_steps=2
+trainer.val_check_interval=1 eval.max_problems=8``).
 
 Prints one table (per seed: the untrained accuracy, the accuracy at every evaluation, the gain, s/iteration,
 wall minutes, peak memory; then the mean and smallest gain), where an iteration's time goes (the median
@@ -173,7 +174,7 @@ def main() -> None:
         for seed in args.seeds:
             workdir = Path(tmp) / f"seed{seed}"
             workdir.mkdir()
-            cost = run("fit", [f"seed={seed}", *overrides], workdir, cache)
+            cost = run("fit", [f"seed={seed}", "eval.before_training=false", *overrides], workdir, cache)
             (model_dir,) = workdir.glob("runs/*/*/model")  # the run's export of its final policy
             results[seed] = {**read_run(workdir), **cost, "greedy": {"before": before,
                                                                      "after": greedy_answers(model_dir)}}

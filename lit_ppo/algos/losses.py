@@ -27,12 +27,23 @@ Reduce = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``aggregate`` with the loss's mode and counts bound: (per-token values, mask) -> scalar."""
 
 
+class LossStats(dict):
+    """``policy_loss``'s detached statistics (name -> 0-d tensor), with ``tokens``: for each statistic that is
+    a mean, the number of tokens it is a mean over, so that the means of several micro-batches combine
+    weighted by it; ``loss`` and ``kl_loss`` have none (each micro-batch's is its share of the minibatch's)."""
+
+    def __init__(self, stats: dict[str, torch.Tensor], tokens: dict[str, torch.Tensor]):
+        super().__init__(stats)
+        self.tokens = tokens
+
+
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 cfg: PPOActorConfig, *, behave_logp: torch.Tensor | None = None,
                 num_tokens: float | None = None, num_seqs: float | None = None,
                 entropy: torch.Tensor | None = None,
-                ref_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The policy loss of one micro-batch, and detached statistics (0-d tensors).
+                ref_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, LossStats]:
+    """The policy loss of one micro-batch and its detached statistics (``LossStats``: 0-d tensors, each mean
+    with the number of tokens it is over).
 
     r_t = exp(log pi_theta - log pi_old); pi_old is the proximal policy when ``use_decoupled_loss``,
     and then every token is weighted by w_t = pi_old / pi_behave (detached), bounded or masked by
@@ -42,7 +53,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     before rejection (rejected tokens leave the numerator only). The M2PO, trust-region and entropy masks
     narrow the numerator the same way; Clip-Cov zeroes the loss of a few tokens after the surrogate and
     KL-Cov adds its penalty to a few. ``cfg.kl_loss_coef`` adds beta times the KL estimate to ``ref_logp``,
-    aggregated as the loss is.
+    aggregated as the loss is. With ``ref_logp``, ``kl_ref`` is TRL's ``kl``: the k3 estimate of
+    KL(pi_theta || pi_ref), the mean over the generated tokens.
     """
     _check_shapes(logp, old_logp, advantages, mask)
     valid = mask.bool()
@@ -50,8 +62,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     reduce = partial(aggregate, mode=cfg.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
                      max_new_tokens=cfg.max_new_tokens, row_tokens=valid.sum(1))
 
-    loss_mask, weight, mask_stats = token_mask_and_weight(logp, old_logp, advantages, valid, cfg,
-                                                          behave_logp=behave_logp, entropy=entropy)
+    loss_mask, weight, mask_stats, mask_tokens = token_mask_and_weight(logp, old_logp, advantages, valid, cfg,
+                                                                       behave_logp=behave_logp, entropy=entropy)
     counted = loss_mask.float()
     log_ratio, ratio, advantages = importance_ratio(logp, old_logp, advantages, valid, counted, cfg)
     per_token, surrogate_stats = POLICY_LOSSES.get(cfg.policy_loss)(ratio, advantages, cfg)
@@ -61,8 +73,14 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         per_token = per_token * weight
     loss = reduce(per_token, counted)
     loss, regulariser_stats = with_regularisers(loss, logp, valid, cfg, reduce, ref_logp=ref_logp, entropy=entropy)
-    return loss, {**mask_stats, **cov_stats, **regulariser_stats,
-                  **ratio_stats(surrogate_stats, ratio, loss_mask), "loss": loss.detach()}
+    if ref_logp is not None:
+        regulariser_stats["kl_ref"] = masked_mean(kl_estimate(logp.detach(), ref_logp.detach(), "k3"), valid)
+    counted_stats = ratio_stats(surrogate_stats, ratio, loss_mask)
+    stats = {**mask_stats, **cov_stats, **regulariser_stats, **counted_stats, "loss": loss.detach()}
+    # Every other mean is over the generated tokens.
+    tokens = {**{name: valid.sum() for name in stats if name not in ("loss", "kl_loss")}, **mask_tokens,
+              **{name: loss_mask.sum() for name in counted_stats}}
+    return loss, LossStats(stats, tokens)
 
 
 def _check_shapes(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> None:

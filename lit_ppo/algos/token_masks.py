@@ -19,16 +19,18 @@ if TYPE_CHECKING:
 
 def token_mask_and_weight(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                           valid: torch.Tensor, cfg: PPOActorConfig, *, behave_logp: torch.Tensor | None,
-                          entropy: torch.Tensor | None
-                          ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
-    """The tokens whose loss counts, their weight w_t (None: 1) and the masks' statistics: the decoupled
-    loss's behaviour weight (bounded or masked by rejection sampling), then M2PO's, DPPO's trust-region and
-    the high-entropy masks, each logged as the share of the valid tokens it drops."""
-    loss_mask, weight, stats = valid, None, {}
+                          entropy: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                 dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The tokens whose loss counts, their weight w_t (None: 1), the masks' statistics and the number of tokens
+    of each that is a mean over other tokens than the valid ones: the decoupled loss's behaviour weight (bounded
+    or masked by rejection sampling; its mean weight and approx. KL over the tokens rejection kept), then M2PO's,
+    DPPO's trust-region and the high-entropy masks, each logged as the share of the valid tokens it drops."""
+    loss_mask, weight, stats, tokens = valid, None, {}, {}
     if cfg.use_decoupled_loss:
         if behave_logp is None:
             raise ValueError("use_decoupled_loss=true needs behave_logp (the engine's behaviour log-probs)")
         loss_mask, weight, stats = behaviour_weight(old_logp, behave_logp, valid, cfg.rejection_sampling)
+        tokens = {name: loss_mask.sum() for name in ("behave_imp_weight", "behave_approx_kl") if name in stats}
     if cfg.m2_threshold is not None:
         kept = m2po_keep(behave_logp, old_logp, valid, cfg.m2_threshold)
         loss_mask, stats["m2po_masked_fraction"] = _narrowed(loss_mask, kept, valid)
@@ -40,7 +42,7 @@ def token_mask_and_weight(logp: torch.Tensor, old_logp: torch.Tensor, advantages
             raise ValueError("top_entropy_quantile < 1 needs the tokens' entropy")
         kept = high_entropy_keep(entropy, valid, cfg.top_entropy_quantile)
         loss_mask, stats["low_entropy_masked_fraction"] = _narrowed(loss_mask, kept, valid)
-    return loss_mask, weight, stats
+    return loss_mask, weight, stats, tokens
 
 
 def _narrowed(loss_mask: torch.Tensor, kept: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,8 +25,8 @@ def parser() -> ArgParser:
                      help="also (or only) write the LoRA adapter of a model.lora_rank > 0 checkpoint, loadable with "
                           "PeftModel.from_pretrained(base, ADAPTER_DIR)")
     out.add_argument("--overwrite", action="store_true",
-                     help="replace an existing directory (it is swapped in whole once written; without the flag an "
-                          "existing non-empty directory is refused)")
+                     help="replace an existing directory (exchanged with the new one in one step once that is written "
+                          "whole; without the flag an existing non-empty directory is refused)")
     return out
 
 

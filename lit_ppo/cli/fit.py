@@ -54,7 +54,6 @@ def _run_reporting(argv: list[str], composed: tuple[dict, JobConfig | None] | No
 
 def _run(argv: list[str], composed: tuple[dict, JobConfig | None] | None) -> int:
     """The config of the command ``argv`` from its input, checked, then run here or submitted; the exit code."""
-    from lit_ppo import schedulers
     from lit_ppo.config.keys import LIGHTNING_SECTIONS
     from lit_ppo.launch import run as launch
     from lit_ppo.launch.explain import read_config_file
@@ -89,6 +88,8 @@ def _run(argv: list[str], composed: tuple[dict, JobConfig | None] | None) -> int
         if subcommand == "fit":
             return launched(argv, lambda: launch.fit(tree, ckpt_path, overrides=overrides, flags=local_flags))
         return launched(argv, lambda: launch.evaluate(subcommand, tree, ckpt_path, flags=local_flags))
+    from lit_ppo import schedulers  # loads Lightning (the run records): only a job submitted needs it
+
     schedulers.check_job_trainer(scheduler, tree["trainer"])
     launch.check(tree, subcommand, ckpt_path)
     if subcommand != "fit":

@@ -21,10 +21,9 @@ def reported(subcommand: str, command: Callable[[], int]) -> int:
     """``command()``, which returns the exit code of ``subcommand``, with every way it ends as one line and an
     exit code."""
     from lit_ppo.launch.explain import explain_parser_error
-    from lit_ppo.launch.lightning_cli import quiet_expected_output
     from lit_ppo.launch.run import RunFailed
     from lit_ppo.run.processes import RUN_DIR_ENV
-    from lit_ppo.run.tracked_run import end_started_runs
+    from lit_ppo.utils.quiet import quiet_expected_output
     from lit_ppo.utils.stop_requests import Stopped, exit_code, signal_name
 
     quiet_expected_output()
@@ -34,6 +33,8 @@ def reported(subcommand: str, command: Callable[[], int]) -> int:
         print_error(str(e))
         return 2
     except Stopped as e:
+        from lit_ppo.run.tracked_run import end_started_runs  # Lightning: loaded by then, once a run started
+
         end_started_runs("KILLED")
         where = getattr(e, "where", None) or ("during " + subcommand if subcommand in EVALUATING else
                                              "before the first iteration")

@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
     def fine_tune() -> None:
         from lit_ppo.launch.run import sft as fine_tuned  # torch, Lightning and the models: once the config composes
 
-        fine_tuned(tree, ckpt_path, overrides=others)
+        fine_tuned(tree, ckpt_path, overrides=overrides)
 
     return reported("sft", lambda: launched(argv, fine_tune))
 

@@ -13,14 +13,14 @@ SIGINT / SIGTERM is forwarded to the running fit, which finishes its iteration, 
 ``last.ckpt`` and exits; no further fit starts and the sweep exits with 128 + the signal number.
 Each fit has its own process group, so a Ctrl-C in the terminal reaches it once, through the
 sweep: a second signal would make it abandon its iteration. A sweep that dies without handling a
-signal (SIGKILL, the OOM killer) takes its fit with it: on Linux the kernel sends the fit SIGTERM
-(``PR_SET_PDEATHSIG``), so it saves ``last.ckpt``, marks its MLflow run KILLED and exits.
+signal (SIGKILL, the OOM killer) takes its fit with it: the fit watches a pipe that only the sweep holds
+open (``lit_ppo.utils.stop_requests.stop_with_pipe``) and, once the sweep is gone, stops as on one SIGTERM:
+it saves ``last.ckpt``, marks its MLflow run KILLED and exits.
 """
 
 from __future__ import annotations
 
 import codecs
-import ctypes
 import os
 import re
 import signal
@@ -45,11 +45,10 @@ from lit_ppo.launch.presets import conf_dir, group_options
 from lit_ppo.run.compare import REWARD, check_output, compare
 from lit_ppo.run.mlflow_store import check_mlflow_importable
 from lit_ppo.utils.flags import split_arguments
+from lit_ppo.utils.stop_requests import STOP_WITH_PIPE_ENV
 
 USAGE = usage("sweep")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-PR_SET_PDEATHSIG = 1
-"""prctl option (linux/prctl.h): the signal this process gets when the thread that started it ends."""
 FOLLOW_INTERVAL_S = 0.1
 """How often the running fit's stderr is read for new lines."""
 RUN_ID_LINE = re.compile(r"^mlflow run id: (\S+) \((.*), experiment .*\)$")
@@ -147,21 +146,6 @@ class ForwardSignals:
             self.child.send_signal(signum)
 
 
-def dies_with(parent: int):
-    """A ``preexec_fn`` that makes the child get SIGTERM when ``parent`` (the process starting it) ends,
-    however it ends; None where the kernel has no such request (not Linux)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def request() -> None:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the request: no signal would come
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return request
-
-
 def run_fit(overrides: list[str], env: dict[str, str], signals: ForwardSignals) -> tuple[int, str | None, str | None]:
     """Run one ``python -m lit_ppo fit`` to its end, its stderr passed through; (exit code, MLflow
     run id, tracking URI), the last two as the fit printed them (None if it stopped before)."""
@@ -170,14 +154,19 @@ def run_fit(overrides: list[str], env: dict[str, str], signals: ForwardSignals) 
     fd, path = tempfile.mkstemp(prefix=".lit_ppo-fit-", suffix=".stderr")
     source = open(path, "rb")
     os.unlink(path)
+    # The fit stops when this process has ended, however it ends: it reads the pipe whose write end only this
+    # process holds (non-inheritable), which reaches its end of file then.
+    watched, alive = os.pipe()
     try:
-        child = subprocess.Popen([sys.executable, "-m", "lit_ppo", "fit", *overrides], env=env, stderr=fd,
-                                 process_group=0, preexec_fn=dies_with(os.getpid()))
+        child = subprocess.Popen([sys.executable, "-m", "lit_ppo", "fit", *overrides], stderr=fd, process_group=0,
+                                 env={**env, STOP_WITH_PIPE_ENV: str(watched)}, pass_fds=(watched,))
     except BaseException:
         source.close()
+        os.close(alive)
         raise
     finally:
         os.close(fd)
+        os.close(watched)
     signals.child = child
     if signals.received is not None:  # arrived while the fit was starting
         signals.forward(signals.received)
@@ -204,6 +193,7 @@ def run_fit(overrides: list[str], env: dict[str, str], signals: ForwardSignals) 
         sys.stderr.write(pending)
         sys.stderr.flush()
     code = child.wait()
+    os.close(alive)
     signals.child = None
     return code, run_id, uri
 

@@ -446,8 +446,8 @@ class GenerationConfig:
 class EvalConfig:
     """How the task's test split is scored (``eval/*`` metrics, ``validate`` and ``test``).
 
-    Scored every ``trainer.val_check_interval`` iterations, at the end of ``fit``, and by ``validate`` /
-    ``test`` (``lit_ppo.rollout.evaluation``)."""
+    Scored before the first iteration (``before_training``), every ``trainer.val_check_interval`` iterations,
+    at the end of ``fit``, and by ``validate`` / ``test`` (``lit_ppo.rollout.evaluation``)."""
 
     k: int = 4
     """Samples per test problem, at the training sampling distribution, for ``eval/pass_at_<k>`` and
@@ -460,9 +460,16 @@ class EvalConfig:
     the one reward function ``data.task_kwargs.accuracy_reward`` names, not the weighted sum)."""
     batch_size: int = 64
     """Test problems per generate call (per rank)."""
+    before_training: bool = True
+    """Score the untrained policy once before the first iteration, logged at iteration 0, so that the eval curves
+    start from it (verl's ``trainer.val_before_train``, on by default there too). A fit resumed from a checkpoint
+    does not: its policy is trained already, and the run it continues has scored its start. Nothing without a test
+    split or with evaluation off (``max_problems=0``, ``trainer.limit_val_batches=0``)."""
 
     def __post_init__(self):
         check_fields(self, "eval")
+        if not isinstance(self.before_training, bool):
+            fail("eval.before_training", self.before_training, "true or false")
         if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 0:
             fail("eval.k", self.k, "an integer >= 0 (0: greedy only)")
         if self.max_problems is not None and (not isinstance(self.max_problems, int)

@@ -8,6 +8,17 @@ from dataclasses import dataclass
 
 from lit_ppo.config.checks import check_fields, check_positive_int, fail
 
+CHECKPOINT_CALLBACK = "lightning.pytorch.callbacks.ModelCheckpoint"
+"""The callback of the trainer presets that the ``checkpoint`` section sets (``${checkpoint.*}``)."""
+CALLBACK_ARGUMENTS = {"every_n_iterations": "every_n_train_steps", "keep": "save_top_k"}
+"""``checkpoint.<field>`` -> the argument of ``CHECKPOINT_CALLBACK`` that the trainer presets set from it."""
+
+
+def checkpoint_key(argument: str) -> str | None:
+    """``checkpoint.<field>`` of ``CHECKPOINT_CALLBACK``'s ``argument`` (``save_top_k``: ``checkpoint.keep``);
+    None for an argument that no field sets."""
+    return next((f"checkpoint.{name}" for name, set_by in CALLBACK_ARGUMENTS.items() if set_by == argument), None)
+
 
 @dataclass
 class CheckpointConfig:

@@ -103,6 +103,8 @@ FOREIGN_KEYS: dict[str, tuple[str, str | None, str]] = {
                                   "actor.kl_estimator=k1, the default, clamped here to [-10, 10])"),
     "algorithm.adv_estimator": ("verl", "algo=grpo", " (or ppo, rloo, ...: a preset)"),
     "trainer.total_training_steps": ("verl", "trainer.max_steps", ""),
+    "trainer.val_before_train": ("verl", "eval.before_training", " (on by default in both: the untrained policy "
+                                 "scored before the first iteration)"),
     "trainer.total_epochs": ("verl", "trainer.max_steps", " (lit_ppo counts RL iterations, each data.batch_size "
                              "prompts, not passes over the data)"),
 }

@@ -185,3 +185,6 @@ DATA_SECTIONS = ("gconfig", "eval")
 DATA_KEYS = ("task", "task_kwargs", *DATA_SECTIONS, *(f.name for f in fields(RolloutConfig)))
 """The keys of the data section, RolloutDataModule's arguments: the task and its keyword arguments, the
 generation and evaluation configs and every RolloutConfig field (known without importing the module)."""
+DATA_TYPES = {"task": str, "task_kwargs": dict | None, **type_hints(RolloutConfig)}
+"""The type of each key of the data section but the configs of their own (``DATA_SECTIONS``), as
+RolloutDataModule declares it: checked before the task is built, without Lightning."""

@@ -63,9 +63,9 @@ def check_seed(key: str, value: Any) -> None:
         raise ConfigError(f"{key}={value!r} is invalid: must be an integer in [{low}, {high}]")
 
 
-def check_sections(tree: dict, check_actor: Callable[[PPOActorConfig], None] | None = None) -> Sections:
-    """The dataclass sections of the LightningCLI ``tree``, built and checked (the actor also by
-    ``check_actor``), and its seeds checked."""
+def check_sections(tree: dict) -> Sections:
+    """The dataclass sections of the LightningCLI ``tree``, built and checked, and its seeds checked (the
+    names the actor refers to are checked where the algorithms live, ``lit_ppo.algos.checks``)."""
     if "seed_everything" in tree:
         check_seed("seed", tree["seed_everything"])
     model = tree.get("model") or {}
@@ -75,7 +75,7 @@ def check_sections(tree: dict, check_actor: Callable[[PPOActorConfig], None] | N
     data = tree.get("data") or {}
     if "seed" in data:
         check_seed("data.seed", data["seed"])
-    return Sections(actor=construct(PPOActorConfig, model.get("actor") or {}, "actor", check_actor),
+    return Sections(actor=construct(PPOActorConfig, model.get("actor") or {}, "actor"),
                     critic=construct(PPOCriticConfig, model.get("critic"), "critic"),
                     model=construct(ModelConfig, model.get("model") or {}, "model"),
                     gconfig=construct(GenerationConfig, data.get("gconfig") or {}, "gconfig"),

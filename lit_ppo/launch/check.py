@@ -1,11 +1,16 @@
 """The checks of a LightningCLI config that run before anything is instantiated (no model loads), each
-mistake one line naming the key the user typed and what is allowed: the config sections (built as the
-run builds them, the task's data included), the seeds, the logger and its run name, Lightning's own
-arguments (names, ``max_steps``, the accelerator / devices / strategy / precision combination on this
-machine, the callbacks), and last every prompt with its completion budget within the model's context (its
-config and tokenizer read, no weights). Every front door's ``fit``, ``validate`` and ``test`` (whatever
-their input), and each combination of a ``sweep``, come here through ``lit_ppo.launch.run.check``; ``sft``
-through ``check_sft_config``.
+mistake one line naming the key the user typed and what is allowed, in two stages. ``check_values`` needs
+no Lightning, transformers or model, so that a wrong value is refused within a second or two: the config
+sections, the data section's keys and types, its task built as the run builds it (its data and reward
+functions, a judge's endpoint probed), the rollout problem, the logger, its run name and the launch
+environment; then what loads torch (the names the actor refers to) or reads a model directory's config or
+tokenizers (``model.source``, the teacher). ``check_config`` adds Lightning's own arguments (names,
+``max_steps``, the accelerator / devices / strategy / precision combination on this machine, the
+callbacks), and last every prompt with its completion budget within the model's context (its config and
+tokenizer read, no weights) from the task built once. Lightning and the models are imported by the checks
+that need them. Every front door's ``fit``, ``validate`` and ``test`` (whatever their input), and each
+combination of a ``sweep``, come here through ``lit_ppo.launch.run.check``; ``sft`` through
+``check_sft_config``.
 """
 
 from __future__ import annotations
@@ -14,26 +19,22 @@ import inspect
 import logging
 import os
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
-import lightning as L
-from lightning.pytorch.accelerators import AcceleratorRegistry
-
-from lit_ppo.algos.checks import check_names
-from lit_ppo.config import ModelConfig, check_value, type_hints, typed_key
+from lit_ppo.config import ModelConfig, PPOActorConfig, RolloutConfig, check_value, typed_key
 from lit_ppo.config.keys import foreign_key_hint
-from lit_ppo.config.sections import actor_rollout_problem, check_sections, construct
+from lit_ppo.config.model import NAMED_SOURCES
+from lit_ppo.config.rollout import DATA_KEYS, DATA_SECTIONS, DATA_TYPES
+from lit_ppo.config.sections import Sections, actor_rollout_problem, check_sections, construct
 from lit_ppo.config.sft import SFTActorConfig, SFTConfig
 from lit_ppo.errors import ConfigError
 from lit_ppo.launch.presets import EVALUATING
-from lit_ppo.models import MODEL_SOURCES, load_policy_tokenizer, model_dir_problem, teacher_problem
-from lit_ppo.models.policy import policy_context
+from lit_ppo.rollout.context import check_context, test_problem_count
 from lit_ppo.run.processes import RANK_ENV
 from lit_ppo.run.run_dir import run_name
-from lit_ppo.tasks.base import task_name
-from lit_ppo.training.datamodule import RolloutDataModule
-from lit_ppo.training.sft_data import SFTDataModule
-from lit_ppo.utils.imports import import_object
+from lit_ppo.tasks import DEFAULT_TASK, build_task
+from lit_ppo.tasks.base import Task, task_name
+from lit_ppo.utils.imports import import_function, import_object
 from lit_ppo.utils.text import did_you_mean
 
 NAME_MAX = 255
@@ -67,69 +68,98 @@ def _check_run_names(trainer: dict) -> None:
                               f"of at most {NAME_MAX} bytes")
 
 
+class CheckedValues(NamedTuple):
+    """What ``check_values`` built of a tree: its dataclass sections, its rollout settings and its task."""
+
+    sections: Sections
+    rollout: RolloutConfig
+    task: Task
+
+
 def check_config(tree: dict, subcommand: str = "fit") -> None:
-    """Check a LightningCLI tree for ``subcommand`` before anything is instantiated (no model is loaded)."""
-    actor, _, model_cfg, gconfig, eval_cfg = check_sections(tree, check_actor=check_names)
-    _check_model_source(model_cfg)
-    if model_cfg.teacher is not None:
-        if not (actor.kl_ctl > 0 or actor.kl_loss_coef > 0):
-            raise ConfigError(f"model.teacher={model_cfg.teacher} needs actor.kl_ctl > 0 or actor.kl_loss_coef > 0: "
-                              f"the teacher's log-probs enter through the KL reward or the KL loss (algo=opd sets "
-                              f"the first, algo=kdrl the second)")
-        problem = teacher_problem(model_cfg.teacher, model_cfg.source, model_cfg.cache_dir)
-        if problem is not None:
-            raise ConfigError(f"model.teacher={model_cfg.teacher} {problem}")
-    data = dict(tree.get("data") or {})
-    allowed = list(inspect.signature(RolloutDataModule.__init__).parameters)[1:]
-    for name in data:
-        if name not in allowed:
-            hint = foreign_key_hint(f"data.{name}") or did_you_mean(name, allowed, prefix="data.")
-            raise ConfigError(f"data.{name} is not a key{hint}; allowed: {', '.join(allowed)}")
-    hints = type_hints(RolloutDataModule.__init__)
-    for name, value in data.items():
-        if name not in ("gconfig", "eval"):  # configs of their own, checked as they are built
-            try:
-                check_value(typed_key(f"data.{name}"), value, hints[name])
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
-    try:  # builds the task (its data, not a model): bad task settings fail here
-        datamodule = RolloutDataModule(**{**data, "gconfig": gconfig, "eval": eval_cfg})
-    except (ValueError, TypeError) as e:
-        raise ConfigError(str(e).splitlines()[0]) from None
-    if subcommand in EVALUATING and datamodule.eval_problem_count() == 0:
-        raise ConfigError(f"{subcommand}: task {task_name(datamodule.task)!r} has no test problems to score "
-                          f"(eval.max_problems={datamodule.eval.max_problems}; a dataset task takes "
+    """Check a LightningCLI tree for ``subcommand`` before anything is instantiated (no model is loaded):
+    ``check_values``, then Lightning's own arguments, then the prompts within the model's context."""
+    checked = check_values(tree, subcommand)
+    check_trainer_args(tree.get("trainer") or {})
+    _check_context(checked, subcommand)
+
+
+def check_values(tree: dict, subcommand: str = "fit") -> CheckedValues:
+    """Every check of a LightningCLI tree for ``subcommand`` that Lightning has no part in, the task built
+    once; first those that load neither torch nor a model's files, so that a mistake among them is refused
+    before either loads."""
+    sections = check_sections(tree)
+    actor, model_cfg, gconfig = sections.actor, sections.model, sections.gconfig
+    if model_cfg.teacher is not None and not (actor.kl_ctl > 0 or actor.kl_loss_coef > 0):
+        raise ConfigError(f"model.teacher={model_cfg.teacher} needs actor.kl_ctl > 0 or actor.kl_loss_coef > 0: "
+                          f"the teacher's log-probs enter through the KL reward or the KL loss (algo=opd sets "
+                          f"the first, algo=kdrl the second)")
+    rollout, task = _check_data(dict(tree.get("data") or {}))
+    if subcommand in EVALUATING and test_problem_count(task, sections.eval) == 0:
+        raise ConfigError(f"{subcommand}: task {task_name(task)!r} has no test problems to score "
+                          f"(eval.max_problems={sections.eval.max_problems}; a dataset task takes "
                           f"data.task_kwargs.test_path or test_fraction)")
-    problem = actor_rollout_problem(actor, gconfig.temperature, datamodule.rollout.max_head_offpolicyness)
+    problem = actor_rollout_problem(actor, gconfig.temperature, rollout.max_head_offpolicyness)
     if problem:
         raise ConfigError(problem)
     if actor.reward_norm is not None and actor.reward_norm.mean_level == "group" and gconfig.n_samples == 1:
         warnings.warn("actor.reward_norm.mean_level=group with gconfig.n_samples=1: singleton group centering "
                       "erases the task reward", UserWarning, stacklevel=2)
-    _check_logger(tree.get("trainer") or {})
-    check_trainer_args(tree.get("trainer") or {})
-    _check_launch_environment(tree.get("trainer") or {})
+    trainer = tree.get("trainer") or {}
+    _check_logger(trainer)
+    _check_launch_environment(trainer)
     if subcommand == "fit":
-        _check_run_names(tree.get("trainer") or {})
-    _check_context(datamodule, model_cfg, subcommand)
+        _check_run_names(trainer)
+    from lit_ppo.algos.checks import check_names  # torch: the registries hold the losses themselves
+
+    construct(PPOActorConfig, actor, "actor", check_names)
+    _check_model_source(model_cfg)
+    _check_teacher(model_cfg)
+    return CheckedValues(sections, rollout, task)
 
 
-def _check_context(datamodule: RolloutDataModule, model_cfg: ModelConfig, subcommand: str) -> None:
+def _check_data(data: dict) -> tuple[RolloutConfig, Task]:
+    """The data section's keys and value types, then its rollout settings, its task (its data and reward
+    functions) and its dynamic filter, each built as RolloutDataModule builds them."""
+    for name in data:
+        if name not in DATA_KEYS:
+            hint = foreign_key_hint(f"data.{name}") or did_you_mean(name, DATA_KEYS, prefix="data.")
+            raise ConfigError(f"data.{name} is not a key{hint}; allowed: {', '.join(DATA_KEYS)}")
+    for name, value in data.items():
+        if name not in DATA_SECTIONS:  # configs of their own, checked as their sections
+            try:
+                check_value(typed_key(f"data.{name}"), value, DATA_TYPES[name])
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+    try:
+        rollout = RolloutConfig(**{k: v for k, v in data.items() if k not in ("task", "task_kwargs", *DATA_SECTIONS)})
+        task = build_task(data.get("task", DEFAULT_TASK), **(data.get("task_kwargs") or {}))
+        if rollout.dynamic_filter_fn:
+            import_function(rollout.dynamic_filter_fn, "data.dynamic_filter_fn")
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
+    return rollout, task
+
+
+def _check_context(checked: CheckedValues, subcommand: str) -> None:
     """The prompts of the splits ``subcommand`` reads, each with ``gconfig.max_new_tokens``, within the model's
-    context (``RolloutDataModule.check_context``), from its config and tokenizer alone (``policy_context``):
-    last, as the tokenizer is the first thing loaded."""
-    found = policy_context(model_cfg)
+    context (``lit_ppo.rollout.context``), from its config and tokenizer alone (``policy_context``): last, as
+    the tokenizer is the first thing loaded."""
+    from lit_ppo.models.policy import policy_context
+
+    sections = checked.sections
+    found = policy_context(sections.model)
     if found is not None:
-        datamodule.check_context(*found, stage=subcommand)
+        check_context(checked.task, sections.gconfig, checked.rollout, sections.eval, *found, stage=subcommand)
 
 
 def check_sft_config(tree: dict) -> None:
     """Check the sft job's LightningCLI tree (``lit_ppo.launch.sft.sft_tree``) before anything is instantiated:
-    the model and ``actor`` sections, the strategy, the examples (each tokenised by the model's tokenizer; no
-    weights load), then the trainer, logger and run names as a fit's."""
+    the model and ``actor`` sections, the strategy, the logger, run names and launch environment as a fit's,
+    the model directory, then the examples, the trainer and last each example tokenised by the model's
+    tokenizer (no weights load)."""
     model = tree.get("model") or {}
     model_cfg = construct(ModelConfig, model.get("model") or {}, "model")
-    _check_model_source(model_cfg)
     if model_cfg.teacher is not None:
         raise ConfigError(f"model.teacher={model_cfg.teacher} is fit's (algo=opd, algo=kdrl): sft trains on the "
                           f"examples' completions")
@@ -138,15 +168,20 @@ def check_sft_config(tree: dict) -> None:
     strategy = trainer.get("strategy")
     if strategy not in (None, "auto") and not str(strategy).startswith("ddp"):
         raise ConfigError(f"trainer.strategy={strategy!r}: sft runs in one process or under trainer=ddp")
+    _check_logger(trainer)
+    _check_launch_environment(trainer)
+    _check_run_names(trainer)
+    _check_model_source(model_cfg)
+    from lit_ppo.training.sft_data import SFTDataModule  # Lightning: the examples are read by the data module
+
     data = dict(tree.get("data") or {})
     try:  # reads the examples (no model): bad data is one line
         datamodule = SFTDataModule(**{**data, "sft": construct(SFTConfig, data.get("sft") or {}, "sft")})
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None
-    _check_logger(trainer)
     check_trainer_args(trainer, manual_optimization=False)
-    _check_launch_environment(trainer)
-    _check_run_names(trainer)
+    from lit_ppo.models import load_policy_tokenizer
+
     try:  # every example, last: the tokenizer is the first thing loaded
         datamodule.tokenize(load_policy_tokenizer(model_cfg))
     except ValueError as e:
@@ -154,11 +189,23 @@ def check_sft_config(tree: dict) -> None:
 
 
 def _check_model_source(model_cfg: ModelConfig) -> None:
-    """A ``model.source`` that is a directory Hugging Face cannot load as a causal LM."""
-    if model_cfg.source not in MODEL_SOURCES:
+    """A ``model.source`` that is a directory Hugging Face cannot load as a causal LM (its config read)."""
+    if model_cfg.source not in NAMED_SOURCES:
+        from lit_ppo.models import model_dir_problem
+
         problem = model_dir_problem(model_cfg.source)
         if problem is not None:
             raise ConfigError(f"model.source={model_cfg.source} {problem}")
+
+
+def _check_teacher(model_cfg: ModelConfig) -> None:
+    """A ``model.teacher`` that cannot score the policy's tokens (its tokenizer and the policy's read)."""
+    if model_cfg.teacher is not None:
+        from lit_ppo.models import teacher_problem
+
+        problem = teacher_problem(model_cfg.teacher, model_cfg.source, model_cfg.cache_dir)
+        if problem is not None:
+            raise ConfigError(f"model.teacher={model_cfg.teacher} {problem}")
 
 
 def _check_launch_environment(trainer: dict) -> None:
@@ -202,6 +249,8 @@ def check_trainer_args(trainer: dict, manual_optimization: bool = True) -> None:
     """Check Lightning's own arguments without building a model: names, what a module that steps its
     optimizers itself cannot honour (``manual_optimization``: LitPPO's), ``max_steps``, the
     accelerator / devices / strategy / precision combination on this machine, and the callbacks."""
+    import lightning as L
+
     allowed = list(inspect.signature(L.Trainer.__init__).parameters)[1:]
     for name in trainer:
         if name not in allowed:
@@ -222,6 +271,9 @@ def check_trainer_args(trainer: dict, manual_optimization: bool = True) -> None:
 
 def _check_devices(trainer: dict) -> None:
     """The accelerator by name and availability here, then the device keys as Lightning's Trainer takes them."""
+    import lightning as L
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+
     accelerator = trainer.get("accelerator", "auto")
     if isinstance(accelerator, str) and accelerator != "auto":
         known = sorted(AcceleratorRegistry.available_accelerators() | {"gpu"})

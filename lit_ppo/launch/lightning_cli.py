@@ -1,11 +1,11 @@
 """LitPPOCLI, the LightningCLI that runs ``fit``, ``validate`` and ``test`` from one checked config (on
-this machine and on each worker of a Ray job), and what it needs around it: the Lightning notes that
-LitPPO's choices make expected, and the one line about ranks of the run that a failed collective lost."""
+this machine and on each worker of a Ray job), and what it needs around it: the one line about ranks of
+the run that a failed collective lost (the Lightning notes that LitPPO's choices make expected are silenced
+by ``lit_ppo.utils.quiet``)."""
 
 from __future__ import annotations
 
 import subprocess
-import warnings
 from typing import Any
 
 import torch.distributed as dist
@@ -19,29 +19,7 @@ from lit_ppo.launch.user_exit import user_exit_message
 from lit_ppo.run.tracked_run import TrackedConfig, end_started_runs, start, start_mlflow_runs
 from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.training.module import LitPPO
-from lit_ppo.utils.quiet import quiet_dependencies
 from lit_ppo.utils.stop_requests import Stopped, received_signal, signal_name
-
-# Lightning notes about choices LitPPO makes on purpose: checkpoints hold the weights after the
-# iteration's update (what resuming needs), and the step pulls its own batch (dataloader_iter) so
-# that nothing is generated ahead of the weight push; sys.argv holds the command beside LightningCLI's
-# args on purpose (a DDP launcher re-runs it).
-EXPECTED_WARNINGS = ("Using ModelCheckpoint with manual optimization", "You are using the `dataloader_iter` step",
-                     "Found `dataloader_iter` argument", "Found .* module\\(s\\) in eval mode",
-                     "LightningCLI's args parameter is intended",
-                     "Be aware that when using `ckpt_path`, callbacks used to create the checkpoint",
-                     # A resume continues the run's own checkpoints directory (checkpoint.keep goes on there).
-                     "Checkpoint directory .* exists and is not empty",
-                     # eval/* are sums that on_validation_epoch_end all-reduces itself.
-                     "It is recommended to use `self.log\\('eval/")
-
-
-def quiet_expected_output() -> None:
-    """Silence what a run would print that says nothing to its user: the expected Lightning warnings and
-    the dependencies' logs."""
-    for message in EXPECTED_WARNINGS:
-        warnings.filterwarnings("ignore", message=message)
-    quiet_dependencies()
 
 
 class LitPPOCLI(LightningCLI):

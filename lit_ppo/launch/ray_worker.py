@@ -10,8 +10,9 @@ import ray
 from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
 
 from lit_ppo.callbacks.graceful_stop import stop_message
-from lit_ppo.launch.lightning_cli import LitPPOCLI, quiet_expected_output
+from lit_ppo.launch.lightning_cli import LitPPOCLI
 from lit_ppo.launch.run import run
+from lit_ppo.utils.quiet import quiet_expected_output
 from lit_ppo.utils.stop_requests import record_signal
 
 

@@ -4,35 +4,34 @@ starts from a checkpoint, read from it with the command's changes on top (``resu
 the checkpoint it resumes or scores) before anything loads; ``run`` it through LitPPOCLI in this process.
 Over them, the jobs: ``fit`` (resume, check, note, run, the failure left pending), ``evaluate``
 (``validate`` and ``test``) and ``sft``, the same sequence with LitSFT and SFTDataModule; a new job is one
-more such verb."""
+more such verb. Lightning, the trained modules and the checkpoints' readers are imported by the verbs that
+use them, so that ``check`` refuses a wrong value before any of them loads."""
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
-from lit_ppo.config.keys import LIGHTNING_SECTIONS, lightning_path, set_key
+from lit_ppo.config.keys import LIGHTNING_SECTIONS, set_key
 from lit_ppo.config.sft import SFTConfig
 from lit_ppo.errors import ConfigError, RunStopped
 from lit_ppo.launch.check import check_config, check_sft_config
 from lit_ppo.launch.compose import compose_run, real_model_note
-from lit_ppo.launch.lightning_cli import LitPPOCLI
 from lit_ppo.launch.presets import is_group, typed_overrides
 from lit_ppo.launch.sft import sft_tree
-from lit_ppo.run.continued import forget_continued_runs
 from lit_ppo.run.processes import launched_as_rank_zero
-from lit_ppo.run.resume import check_resume, config_changes, recorded_config, resumed_config
-from lit_ppo.run.run_dir import last_checkpoint
-from lit_ppo.training.sft import LitSFT
-from lit_ppo.training.sft_data import SFTDataModule
+from lit_ppo.run.run_dir import check_job_run_dir, last_checkpoint
 from lit_ppo.utils.stop_requests import pending_failure
+
+if TYPE_CHECKING:
+    from lit_ppo.launch.lightning_cli import LitPPOCLI
 
 TRAINED_SECTIONS = ("algo", "model", "actor", "critic", "rejection")
 """What the model in a checkpoint was trained as: LightningCLI restores it from the checkpoint."""
@@ -47,10 +46,18 @@ def check(tree: dict, subcommand: str = "fit", ckpt_path: str | None = None) -> 
     (``lit_ppo.run.resume.check_resume``); nothing is instantiated, no model loads."""
     check_config(tree, subcommand)
     if ckpt_path is not None:
-        try:
-            check_resume(ckpt_path, tree)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+        check_checkpoint(ckpt_path, tree)
+
+
+def check_checkpoint(ckpt_path: str, tree: dict) -> None:
+    """ConfigError of one line for a checkpoint ``ckpt_path`` that the run of LightningCLI's ``tree`` cannot
+    resume or score (``lit_ppo.run.resume.check_resume``: damaged, another job's, another run's)."""
+    from lit_ppo.run.resume import check_resume
+
+    try:
+        check_resume(ckpt_path, tree)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def run(subcommand: str, tree: dict | None, ckpt_path: str | None = None, *, flags: Sequence[str] = (),
@@ -60,6 +67,8 @@ def run(subcommand: str, tree: dict | None, ckpt_path: str | None = None, *, fla
     the run ends, however it ends. ``ckpt_path``: the checkpoint it resumes or scores; ``flags``: more
     LightningCLI arguments (``--print_config``, ``--trainer.max_steps 3``); ``tree`` None: ``flags`` name
     the config files (``--config run.yaml``); ``builder``: a subclass of LitPPOCLI (a Ray worker's)."""
+    from lit_ppo.launch.lightning_cli import LitPPOCLI
+
     builder = builder or LitPPOCLI
     args = [*flags, *(["--ckpt_path", str(ckpt_path)] if ckpt_path is not None else [])]
     if tree is None:
@@ -101,6 +110,8 @@ def fit(tree: dict, ckpt_path: str | None = None, *, overrides: list[str] | None
         if resumed_run is not None:
             tree, ckpt_path = resumed_run
     check(tree, "fit", ckpt_path)
+    if launched_as_rank_zero():
+        check_job_run_dir()
     note_real_model(tree)
     cli = run("fit", tree, ckpt_path, flags=flags)
     fail_if_pending()
@@ -118,22 +129,31 @@ def evaluate(subcommand: str, tree: dict, ckpt_path: str | None, *, recorded: bo
     return cli
 
 
-SFT_CLI = functools.partial(LitPPOCLI, model_class=LitSFT, datamodule_class=SFTDataModule)
-"""LitPPOCLI of the sft job."""
-
-
 def sft(tree: dict, ckpt_path: str | None = None, *, overrides: list[str] | None = None) -> Path:
     """Fine-tune as the sft job's LightningCLI ``tree`` says (``lit_ppo.launch.sft.sft_tree``) in this process,
-    through fit's sequence: resumed, checked (``check_sft_config``), run, RunFailed for a failure that ended it.
-    The model directory it wrote, which its summary names with the ``fit model=<dir>`` that starts from it."""
+    through fit's sequence: resumed (``overrides``: the command line's, ``sft.*`` included), checked
+    (``check_sft_config``, and the checkpoint as fit's: ``check_checkpoint``), run, RunFailed for a failure that
+    ended it. The model directory it wrote, which its summary names with the ``fit model=<dir>`` that starts
+    from it."""
     if ckpt_path is not None:
         resumed = resume_fit(ckpt_path, tree, overrides, presets=sft_tree(compose_run([])[0], SFTConfig()))
         if resumed is not None:
             tree, ckpt_path = resumed
     check_sft_config(tree)
-    trainer = run("fit", tree, ckpt_path, builder=SFT_CLI).trainer
+    if ckpt_path is not None:
+        check_checkpoint(ckpt_path, tree)
+    trainer = run("fit", tree, ckpt_path, builder=_sft_cli).trainer
     fail_if_pending()
     return Path(trainer.default_root_dir) / "model"
+
+
+def _sft_cli(args: list[str]) -> LitPPOCLI:
+    """LitPPOCLI of the sft job."""
+    from lit_ppo.launch.lightning_cli import LitPPOCLI
+    from lit_ppo.training.sft import LitSFT
+    from lit_ppo.training.sft_data import SFTDataModule
+
+    return LitPPOCLI(args, model_class=LitSFT, datamodule_class=SFTDataModule)
 
 
 @contextmanager
@@ -150,14 +170,18 @@ def _config_file(tree: dict) -> Iterator[str]:
 
 def resume_fit(ckpt_path: str | None, given: dict, overrides: list[str] | None = None,
                presets: dict | None = None) -> tuple[dict, str] | None:
-    """``fit --ckpt_path CKPT``: the run's config recorded in the checkpoint with what this command gives set
-    on top (``resumed_config``: each change named, those the checkpoint cannot follow refused), and the
-    checkpoint's path (``last`` resolved by ``last_checkpoint``); None without ``ckpt_path`` or for a
-    checkpoint that records no config. ``given``: a whole config (a ``--config`` file's, the Python API's),
-    or, with ``overrides``, the tree they composed, of which only what they set counts: the keys they name
-    and those whose value differs from the job's ``presets`` tree (None: fit's)."""
+    """``fit --ckpt_path CKPT`` (and ``sft``'s): the run's config recorded in the checkpoint with what this
+    command gives set on top (``resumed_config``: each change named, those the checkpoint cannot follow
+    refused), and the checkpoint's path (``last`` resolved by ``last_checkpoint``); None without ``ckpt_path``
+    or for a checkpoint that records no config. ConfigError for a checkpoint of another job than ``given``'s
+    (``check_job``), before any note. ``given``: a whole config (a ``--config`` file's, the Python API's), or,
+    with ``overrides``, the tree they composed, of which only what they set counts: the keys they name and
+    those whose value differs from the job's ``presets`` tree (None: fit's)."""
     if ckpt_path is None:
         return None
+    from lit_ppo.run.continued import forget_continued_runs
+    from lit_ppo.run.resume import check_job, job_of, recorded_config, resumed_config
+
     if ckpt_path == "last":
         ckpt_path = str(last_checkpoint(given))
     try:
@@ -167,6 +191,7 @@ def resume_fit(ckpt_path: str | None, given: dict, overrides: list[str] | None =
     if text is None:
         return None
     recorded = {k: v for k, v in yaml.safe_load(text).items() if k in LIGHTNING_SECTIONS}
+    check_job(ckpt_path, recorded, job_of(given))
     forget_continued_runs(recorded)
     given = {k: v for k, v in given.items() if k in LIGHTNING_SECTIONS}
     if overrides is not None:
@@ -179,26 +204,48 @@ def resume_fit(ckpt_path: str | None, given: dict, overrides: list[str] | None =
 
 
 def _overridden(tree: dict, overrides: list[str], presets: dict) -> dict:
-    """The part of the composed ``tree`` that ``overrides`` set: the keys they name, the keys whose value
-    differs from the ``presets`` tree's and the key each chosen group names (``GROUP_KEYS``); a list as a whole."""
+    """The part of the composed ``tree`` that ``overrides`` set: the keys they name (``checkpoint.keep``: the
+    argument of the checkpoint callback it sets), the keys whose value differs from the ``presets`` tree's and
+    the key each chosen group names (``GROUP_KEYS``). A list's items that they set are ``ListItems`` of what
+    they set of each (one argument of one callback), a list they name is whole."""
+    from lit_ppo.run.resume import config_changes, lightning_keys
+
     keys = [GROUP_KEYS[o.lstrip("+~").split("=", 1)[0]] for o in overrides
             if is_group(o) and o.lstrip("+~").split("=", 1)[0] in GROUP_KEYS]
     for override in typed_overrides(overrides):
-        path = None if is_group(override) else lightning_path(override.lstrip("+~").split("=", 1)[0])
-        if path is not None:
-            keys.append(".".join(path))
+        if not is_group(override):
+            keys += lightning_keys(override.lstrip("+~").split("=", 1)[0], tree)
     keys += [key for key, _, _ in config_changes(presets, tree)]
     out: dict = {}
     for key in keys:
-        node, target, parts = tree, out, key.split(".")
-        for i, part in enumerate(parts):
-            if not isinstance(node, dict) or part not in node:
-                break
-            if i == len(parts) - 1 or not isinstance(node[part], dict):
-                target[part] = node[part]
-                break
-            node, target = node[part], target.setdefault(part, {})
+        _take(tree, key.split("."), out)
     return out
+
+
+def _take(node: dict | list, parts: list[str], target: dict) -> None:
+    """Copy what the dotted key ``parts`` names in ``node`` (a mapping or list of the composed tree) into
+    ``target`` (its part of ``_overridden``'s tree): a leaf, or a value that the key names whole, as it is;
+    on the way down, a list as ``ListItems`` and a callback as its ``class_path``, which finds it in the
+    resumed list."""
+    from lit_ppo.run.resume import ListItems
+
+    name: str | int = parts[0]
+    if isinstance(node, list):
+        if not parts[0].isdigit() or int(parts[0]) >= len(node):
+            return
+        name = int(parts[0])
+    elif name not in node:
+        return
+    child, rest = node[name], parts[1:]
+    if not (isinstance(child, dict) and rest or isinstance(child, list) and rest and rest[0].isdigit()):
+        target[name] = child
+        return
+    if target.get(name) is child:
+        return  # named whole already
+    if name not in target:
+        target[name] = ListItems() if isinstance(child, list) else (
+            {"class_path": child["class_path"]} if "class_path" in child else {})
+    _take(child, rest, target[name])
 
 
 def evaluation_tree(subcommand: str, ckpt_path: str, overrides: list[str]) -> dict | None:
@@ -206,6 +253,8 @@ def evaluation_tree(subcommand: str, ckpt_path: str, overrides: list[str]) -> di
     with ``key=value`` overrides on top (e.g. ``eval.k=16``); None for a checkpoint that records none
     (then the overrides are fit's, composed from the presets). ConfigError for an override of the
     model's settings, which the checkpoint's replace."""
+    from lit_ppo.run.resume import recorded_config
+
     try:
         text = recorded_config(ckpt_path)
     except ValueError as e:

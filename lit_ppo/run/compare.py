@@ -10,13 +10,17 @@ The columns, all read back from MLflow:
 - iterations: the last step of ``rollout/reward_mean`` (MLflow steps are the iterations as the console
   prints them, from 1), so a finished run shows its ``trainer.max_steps``;
 - final reward / best reward: the last and the largest value of ``rollout/reward_mean``;
-- eval accuracy, KL, clip fraction, entropy: the last ``eval/accuracy``, ``actor/approx_kl``,
+- eval accuracy, kl, approx_kl, clip fraction, entropy: the last ``eval/accuracy``, ``actor/kl_ref`` (TRL's
+  kl, to the reference or the teacher), ``actor/approx_kl`` (the policy's change per update),
   ``actor/clip_fraction``, ``actor/entropy`` (``-`` when the run logged none);
 - it/s: iterations between the first and the last logged ``rollout/reward_mean`` divided by the
   wall-clock time between their MLflow timestamps. That is the rate of the training loop as a user
   waits for it (generation, update, weight sync, evaluation, checkpoints and logging all count),
   without model loading and the first iteration's warm-up, which only shift when the loop starts;
   ``-`` with fewer than two iterations.
+
+The figure's x axis counts iterations in whole numbers, from 0 where a run scored its untrained policy
+(``eval.before_training``), so that a run of a few iterations draws a line between whole ticks.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class RunSummary:
     iterations_per_s: float | None
     eval_accuracy: float | None
     kl: float | None
+    approx_kl: float | None
     clip_fraction: float | None
     entropy: float | None
 
@@ -189,8 +194,9 @@ def summarize(client, run) -> RunSummary:
         iterations=rewards[-1].step if rewards else 0,
         final_reward=rewards[-1].value if rewards else None,
         best_reward=max(point.value for point in rewards) if rewards else None,
-        iterations_per_s=rate, eval_accuracy=metrics.get("eval/accuracy"), kl=metrics.get("actor/approx_kl"),
-        clip_fraction=metrics.get("actor/clip_fraction"), entropy=metrics.get("actor/entropy"))
+        iterations_per_s=rate, eval_accuracy=metrics.get("eval/accuracy"), kl=metrics.get("actor/kl_ref"),
+        approx_kl=metrics.get("actor/approx_kl"), clip_fraction=metrics.get("actor/clip_fraction"),
+        entropy=metrics.get("actor/entropy"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,12 +213,12 @@ def format_table(summaries: list[RunSummary], extra: dict[str, dict[str, str]] |
     extra = extra or {}
     extra_columns = list(dict.fromkeys(column for row in extra.values() for column in row))
     header = ["run", "id", "algo", *extra_columns, "iterations", "final reward", "best reward", "eval accuracy", "it/s",
-              "kl", "clip fraction", "entropy"]
+              "kl", "approx_kl", "clip fraction", "entropy"]
     numeric_from = 3 + len(extra_columns)
     rows = [[s.name, s.run_id[:SHORT_ID], s.algo,
              *[extra.get(s.run_id, {}).get(column, "-") for column in extra_columns],
              str(s.iterations), *map(_number, (s.final_reward, s.best_reward, s.eval_accuracy, s.iterations_per_s,
-                                               s.kl, s.clip_fraction, s.entropy))]
+                                               s.kl, s.approx_kl, s.clip_fraction, s.entropy))]
             for s in summaries]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
 
@@ -255,9 +261,10 @@ def curves(client, runs: list, metric: str) -> dict[str, tuple[list[int], list[f
     return out
 
 
-def draw(lines: dict[str, tuple[list[int], list[float]]], algos: dict[str, str], metric: str, output: Path) -> None:
+def draw(lines: dict[str, tuple[list[int], list[float]]], algos: dict[str, str], metric: str, output: Path):
     """One line per run, labelled by run name, one colour per algo (its runs, e.g. seeds, told apart by
-    the line style), the legend beside the axes; rendered by the Agg canvas (no display needed)."""
+    the line style), the legend beside the axes, ticks at whole iterations; rendered by the Agg canvas (no display
+    needed). Returns the figure."""
     from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -277,11 +284,13 @@ def draw(lines: dict[str, tuple[list[int], list[float]]], algos: dict[str, str],
         axes.plot(x, y, label=name, color=palette(order.index(algo) % palette.N), linestyle=style,
                   marker="o" if len(x) <= 20 else None, linewidth=1.2)
     axes.set_xlabel("iteration")
-    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    # At least one tick: a run's single point (one iteration) would otherwise get fractional ticks around it.
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     axes.set_ylabel(metric)
     axes.grid(alpha=0.3)
     figure.legend(loc="outside right upper", fontsize="small")
     write_file_atomically(output, lambda f: figure.savefig(f, format="png", dpi=100), "figure")
+    return figure
 
 
 def compare(run_ids: list[str] | None = None, experiment: str | None = None, metric: str = REWARD,

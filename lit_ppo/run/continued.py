@@ -15,9 +15,8 @@ from typing import Any
 
 from lit_ppo.errors import TrackingError
 from lit_ppo.run.loggers import WandbRunLogger, logger_specs, mlflow_loggers, tracking_setting
-from lit_ppo.run.resume import checkpoint_step, recorded_run
+from lit_ppo.run.resume import checkpoint_step, newest_checkpoint, recorded_run, saved_step
 from lit_ppo.run.run_dir import new_run_dir
-from lit_ppo.training.checkpoint_io import PERIODIC_NAME
 from lit_ppo.utils.config_values import config_mapping, config_value, set_config_value
 from lit_ppo.utils.fs import shown_path
 from lit_ppo.utils.text import first_line
@@ -53,21 +52,8 @@ def _branch(ckpt_path: str, run_dir: str) -> str | None:
     where = f"--ckpt_path {ckpt_path} branches from iteration {step} of {shown_path(Path(run_dir))}"
     if not checkpoint.is_relative_to(Path(run_dir).resolve()):
         return f"{where} (it lies outside that directory)"
-    newest = max((_saved_step(path) for path in checkpoint.parent.iterdir()
-                  if path.name.endswith(".ckpt") and not path.name.startswith(".")), default=step)
+    newest = saved_step(newest_checkpoint(checkpoint.parent))
     return f"{where} (which has gone on to iteration {newest})" if newest > step else None
-
-
-def _saved_step(path: Path) -> int:
-    """The iteration of a checkpoint file of a run: from its name (``epoch=0-step=20.ckpt``), else from
-    its content (``last.ckpt``); -1 for one that cannot be read."""
-    named = PERIODIC_NAME.match(path.name)
-    if named:
-        return int(named.group(1))
-    try:
-        return checkpoint_step(path)
-    except Exception:  # a damaged file is no newer state of the run
-        return -1
 
 
 def continued_run(config: Any) -> Path | None:

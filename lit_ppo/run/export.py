@@ -11,8 +11,13 @@ without peft; ``adapter`` also writes its adapter alone, in peft's format
 what export reads (the checkpoint, the base model directory or its cache entry), by resolved path;
 nor be or lie inside a run directory (its ``model/`` is its fit's), nor replace a directory that holds
 a run or an MLflow tracking store, the working directory or one above it, or the home directory: all
-refused before any model loads, as is a place that cannot be written. An export killed while it
-replaced a directory leaves the old one set aside; the next export puts it back before anything else.
+refused before any model loads, as is a place that cannot be written. An existing directory is
+replaced by exchanging it with the new one in one step (``lit_ppo.utils.fs.replace_directory``): a
+model directory stands at ``--output`` at every instant, and a kill at any point leaves the old or the
+new model there whole, and at most a temporary directory that the next export removes. Where the
+filesystem cannot exchange (not Linux, or NFS and the like: ``lit_ppo.utils.exchange``), it is replaced
+by two renames; an export killed between them leaves the old one set aside, and the next export puts
+it back before anything else.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import logging
 import os
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 from lit_ppo.errors import ConfigError
-from lit_ppo.run.mlflow_store import DEFAULT_EXPERIMENT, resolve_experiment, resolve_tracking_uri
+from lit_ppo.run.mlflow_store import DEFAULT_EXPERIMENT, resolve_experiment, resolve_tracking_uri, sqlite_file
 from lit_ppo.run.processes import RUN_DIR_ENV
 from lit_ppo.utils.config_values import config_mapping, config_value
 from lit_ppo.utils.stop_requests import fail_after_iteration
@@ -83,10 +84,18 @@ class MLflowRunLogger(MLFlowLogger):
         says instead of raised wherever it happens (a metric, a text, an artifact, the final status)."""
         if not isinstance(self._mlflow_client, _GuardedClient):
             self._mlflow_client = _GuardedClient(self._mlflow_client, self._store_failed)
+            # MLflow logs a failing SQL statement with its traceback before raising it: said here once, in one line.
+            logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
     def _store_failed(self, error: Exception, call: str) -> None:
         self.failed = True
-        what = f"tracking store {self._tracking_uri} failed ({call}: {first_line(error)})"
+        database = sqlite_file(self._tracking_uri) if self._tracking_uri.startswith("sqlite:") else None
+        if database and not os.path.exists(database):  # SQLAlchemy would speak of a missing table
+            what = (f"tracking store {self._tracking_uri} failed: its database file {os.path.abspath(database)} was "
+                    f"deleted while the run was tracked there (restore it from a backup and resume from last.ckpt, "
+                    f"or resume with another tracking URI into a new MLflow run)")
+        else:
+            what = f"tracking store {self._tracking_uri} failed ({call}: {first_line(error)})"
         if self.on_error == "stop":
             fail_after_iteration(f"{what}: training stopped at the end of the iteration, which last.ckpt holds "
                                  f"(logger.init_args.on_error=continue trains on without tracking)")
@@ -131,6 +140,24 @@ class _GuardedClient:
 def _in_run_dir(save_dir: str | None) -> str:
     """``save_dir``, else the run directory (ranks that learn it by broadcast write no logs)."""
     return save_dir or os.environ.get(RUN_DIR_ENV) or os.curdir
+
+
+def _check_writable(directory: str, key: str) -> None:
+    """ConfigError naming ``key`` when ``directory`` cannot be written (nor made): W&B would put its files in
+    the system's temporary directory instead, saying so only in its debug log."""
+    path = Path(directory).expanduser().absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        reason = f"{existing} is a file"
+    elif os.statvfs(existing).f_flag & os.ST_RDONLY:  # root may write anywhere else, and access() says so
+        reason = f"{existing} is on a read-only filesystem"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        reason = f"{existing} is not writable by this user"
+    else:
+        return
+    raise ConfigError(f"{key}={directory} cannot be written ({reason}), and W&B would keep the run in the system's "
+                      f"temporary directory instead: give a writable directory, or leave {key} unset for the run "
+                      f"directory")
 
 
 class TensorBoardRunLogger(TensorBoardLogger):
@@ -248,6 +275,14 @@ def check_logger_packages(logger_config: Any) -> None:
             if issubclass(cls, base) and all(importlib.util.find_spec(m) is None for m in modules):
                 raise ConfigError(f"trainer.logger {cls.__name__} needs the {package} package, which is not "
                                   f"installed: pip install {package}")
+
+
+def check_logger_dirs(logger_config: Any) -> None:
+    """A W&B logger's ``save_dir`` that cannot be written fails here, as one line (``_check_writable``)."""
+    for cls, spec in logger_specs(logger_config):
+        save_dir = config_value(config_value(spec, "init_args"), "save_dir")
+        if issubclass(cls, WandbLogger) and save_dir:
+            _check_writable(str(save_dir), "logger.init_args.save_dir")
 
 
 def mlflow_settings(config: Any) -> list[tuple[type, dict]]:

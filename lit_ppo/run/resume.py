@@ -1,20 +1,30 @@
-"""Resuming a run: the checkpoint must be readable, whole, finite and made with the same algorithm, model
-and task as the run (``check_resume``, called by the CLI before any model loads); the run it continues
-(``recorded_run``) and the config it was trained with (``recorded_config``) are read from it."""
+"""Resuming a run: the checkpoint must be readable, whole, finite, written by the same job (``fit`` or ``sft``,
+``check_job``) and made with the same algorithm, model and task as the run (``check_resume``, called by the
+CLI before any model loads); the run it continues (``recorded_run``) and the config it was trained with
+(``recorded_config``) are read from it, and the command's changes set on top of that config
+(``resumed_config``), each named by the key the command line types."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
-from lit_ppo.config.keys import typed_key
+from lit_ppo.config.checkpoint import CALLBACK_ARGUMENTS, CHECKPOINT_CALLBACK, checkpoint_key
+from lit_ppo.config.keys import lightning_path, typed_key
 from lit_ppo.errors import ConfigError
-from lit_ppo.training.checkpoint_io import DISTRIBUTED_META, is_distributed_checkpoint, read_checkpoint
-from lit_ppo.training.record import DATA_DIGEST_SUFFIX, RECORD_KEY, RUN_KEY, expected_record
+from lit_ppo.training.checkpoint_io import (
+    DISTRIBUTED_META,
+    PERIODIC_NAME,
+    is_distributed_checkpoint,
+    read_checkpoint,
+)
+from lit_ppo.training.record import DATA_DIGEST_SUFFIX, RECORD_KEY, RUN_KEY, SFT_ALGO, expected_record
 
 CONFIG_STATE_KEY = "lit_ppo_config"
 """Key of the run's resolved config (YAML text) in TrackedConfig's checkpoint state."""
@@ -36,18 +46,44 @@ def _differences(saved: dict, expected: dict) -> list[str]:
 
 
 
+def job_of(tree: dict) -> str:
+    """The job that LightningCLI's config ``tree`` runs: ``sft`` (its model's algo is sft) or ``fit``."""
+    return "sft" if (tree.get("model") or {}).get("algo") == SFT_ALGO else "fit"
+
+
+def check_job(ckpt_path: str, recorded: dict, job: str) -> None:
+    """ConfigError of one line when the checkpoint ``ckpt_path``, whose recorded config is ``recorded``, was
+    written by another job than ``job``: its optimizer, schedule and data position are that job's, so resuming
+    it would carry them over; the job starts from the checkpoint's model instead."""
+    written_by = job_of(recorded)
+    if written_by == job:
+        return
+    algo = (recorded.get("model") or {}).get("algo")
+    maker = "sft" if written_by == "sft" else f"fit (algo={algo})"
+    raise ConfigError(f"--ckpt_path {ckpt_path}: was written by {maker}, not by {job}: {job} resumes only its own "
+                      f"checkpoints (the optimizer, schedule and data position are the job's); start {job} from its "
+                      f"model instead: python -m lit_ppo export --ckpt_path {ckpt_path} --output DIR, then "
+                      f"python -m lit_ppo {job} model=DIR")
+
+
 def check_resume(ckpt_path: str, tree: dict) -> None:
     """Refuse, with one-line ValueError naming the file, a ``--ckpt_path`` this run cannot resume
     from: missing, a directory, unreadable, not loadable (truncated, corrupted), failing its digest,
-    holding non-finite weights / optimizer state, or made with a different algorithm, model or task
-    than ``tree`` (LightningCLI's config tree); a data file whose content changed at the same path
-    only gets a ``note:`` line on stderr. Lightning's own values ('last', 'best', 'hpc',
-    'registry[:...]') and remote URLs are left to the trainer."""
+    holding non-finite weights / optimizer state, written by another job (``check_job``) or made with a
+    different algorithm, model or task than ``tree`` (LightningCLI's config tree); a data file whose
+    content changed at the same path only gets a ``note:`` line on stderr. Lightning's own values
+    ('last', 'best', 'hpc', 'registry[:...]') and remote URLs are left to the trainer."""
     path = os.fspath(ckpt_path)
     if path in LIGHTNING_CKPT_VALUES or path.startswith("registry:") or "://" in path:
         return
     where = f"--ckpt_path {path}"
     checkpoint = read_checkpoint(path)
+    text = _config_text(checkpoint)
+    if text is not None:
+        try:
+            check_job(path, yaml.safe_load(text) or {}, job_of(tree))
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
     saved = checkpoint.get(RECORD_KEY)
     if not isinstance(saved, dict):
         raise ValueError(f"{where}: was not written by lit_ppo (no '{RECORD_KEY}' record of its algo, model and task)")
@@ -85,7 +121,12 @@ def recorded_config(ckpt_path: str) -> str | None:
     (``read_checkpoint``)."""
     if os.fspath(ckpt_path) in LIGHTNING_CKPT_VALUES or "://" in os.fspath(ckpt_path):
         return None
-    for state in (read_checkpoint(ckpt_path).get("callbacks") or {}).values():
+    return _config_text(read_checkpoint(ckpt_path))
+
+
+def _config_text(checkpoint: dict) -> str | None:
+    """The resolved config (YAML text) that ``checkpoint`` holds in TrackedConfig's state; None if none."""
+    for state in (checkpoint.get("callbacks") or {}).values():
         if isinstance(state, dict) and isinstance(state.get(CONFIG_STATE_KEY), str):
             return state[CONFIG_STATE_KEY]
     return None
@@ -97,6 +138,13 @@ FIXED_ON_RESUME = ("seed_everything", "model.algo", "model.model", "data.task", 
 prompt stream position were made with them (the algorithm, the model and its LoRA shapes, the task and its
 data, the groups per batch and samples per group, the prompt order). Whether there is a critic
 (``model.critic`` itself) is fixed too; its settings are not."""
+SFT_SECTION = "data.sft"
+"""Where LightningCLI's tree of the sft job holds the ``sft`` section (``lit_ppo.launch.sft.sft_tree``)."""
+FIXED_ON_SFT_RESUME = tuple(f"{SFT_SECTION}.{name}" for name in ("batch_size", "shuffle", "completion_key",
+                                                                 "completion_template"))
+"""The sft keys that a resume cannot change: the run's batches, one list over its epochs that a resume takes
+up at its step, and the completions they train on were made with them (``sft.epochs`` and ``sft.max_length``
+can change)."""
 ADJUSTABLE_MODEL_KEYS = ("model.model.cache_dir", "model.model.logprob_chunk_size",
                          "model.model.gradient_checkpointing")
 """Model settings that change how the model is computed, not what it is."""
@@ -107,12 +155,38 @@ def is_fixed_on_resume(key: str) -> bool:
     """Whether LightningCLI's dotted ``key`` is one a resume cannot change (``FIXED_ON_RESUME``)."""
     if key in ADJUSTABLE_MODEL_KEYS:
         return False
-    return key == "model.critic" or any(key == fixed or key.startswith(fixed + ".") for fixed in FIXED_ON_RESUME)
+    return key == "model.critic" or any(key == fixed or key.startswith(fixed + ".")
+                                        for fixed in (*FIXED_ON_RESUME, *FIXED_ON_SFT_RESUME))
+
+
+class ListItems(dict):
+    """Some items of a list of the config, by index (each a mapping of what is set of it; a callback's
+    ``class_path`` names it): what a command sets of a list, such as one argument of one callback, on top of
+    the list it resumes, whose other items and keys stay as they are."""
+
+
+def _set_items(recorded: list, given: ListItems, key: str, changes: list[tuple[str, Any, Any]]) -> list:
+    """``given``'s items set on top of the ``recorded`` list: each on the item of the same index, or for a
+    callback, of its ``class_path`` (where the two lists order their callbacks differently); an item that the
+    list lacks is appended."""
+    out = list(recorded)
+    for index, item in given.items():
+        class_path = item.get("class_path") if isinstance(item, dict) else None
+        if class_path is not None:
+            same = [i for i, old in enumerate(out) if isinstance(old, dict) and old.get("class_path") == class_path]
+            index = index if index in same else same[0] if same else len(out)
+        if index < len(out):
+            out[index] = _overlay(out[index], item, f"{key}.{index}", changes)
+        else:
+            out.append(_overlay(_ABSENT, item, f"{key}.{len(out)}", changes))
+    return out
 
 
 def _overlay(recorded: Any, given: Any, key: str, changes: list[tuple[str, Any, Any]]) -> Any:
     """``given`` set on top of ``recorded`` (mappings key by key, lists of one length item by item), each
     leaf that differs added to ``changes`` as ``(dotted key, recorded value, given value)``."""
+    if isinstance(given, ListItems) and isinstance(recorded, list):
+        return _set_items(recorded, given, key, changes)
     if isinstance(given, dict) and given and isinstance(recorded, dict):
         out = dict(recorded)
         for name, value in given.items():
@@ -139,25 +213,83 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def shown_key(key: str, tree: dict) -> str:
+    """The command line's name of the dotted ``key`` of LightningCLI's ``tree``: ``checkpoint.keep`` for the
+    ModelCheckpoint argument that the trainer presets set from it (``save_top_k``), ``sft.batch_size`` for
+    ``data.sft.batch_size``, else ``typed_key``'s (``actor.optimizer.lr`` for ``model.actor.optimizer.lr``)."""
+    parts = key.split(".")
+    if parts[:2] == ["trainer", "callbacks"] and len(parts) == 5 and parts[2].isdigit() and parts[3] == "init_args":
+        callbacks = (tree.get("trainer") or {}).get("callbacks") or []
+        callback = callbacks[int(parts[2])] if int(parts[2]) < len(callbacks) else None
+        name = checkpoint_key(parts[4]) if isinstance(callback, dict) and \
+            callback.get("class_path") == CHECKPOINT_CALLBACK else None
+        if name is not None:
+            return name
+    if key.startswith(SFT_SECTION + "."):
+        return key.removeprefix("data.")
+    return typed_key(key)
+
+
+def lightning_keys(key: str, tree: dict) -> list[str]:
+    """The dotted keys of LightningCLI's ``tree`` that the command line's ``key`` sets (``shown_key``'s
+    inverse): ``checkpoint.keep`` the ``save_top_k`` of each checkpoint callback of its trainer section
+    (``checkpoint`` both arguments), ``sft.batch_size`` ``data.sft.batch_size``, else ``lightning_path``'s."""
+    section, _, name = key.partition(".")
+    if section == "checkpoint":
+        arguments = [CALLBACK_ARGUMENTS[name]] if name in CALLBACK_ARGUMENTS else [] if name else [
+            *CALLBACK_ARGUMENTS.values()]
+        callbacks = (tree.get("trainer") or {}).get("callbacks") or []
+        return [f"trainer.callbacks.{i}.init_args.{argument}" for i, callback in enumerate(callbacks)
+                if isinstance(callback, dict) and callback.get("class_path") == CHECKPOINT_CALLBACK
+                for argument in arguments]
+    if section == "sft":
+        return [f"{SFT_SECTION}.{name}" if name else SFT_SECTION]
+    path = lightning_path(key)
+    return [] if path is None else [".".join(path)]
+
+
 def resumed_config(ckpt_path: str, recorded: dict, given: dict) -> tuple[dict, list[str]]:
     """The config that resuming ``ckpt_path`` runs with: the run's ``recorded`` config (LightningCLI's tree,
-    as the checkpoint holds it) with the keys of ``given`` set on top; and one ``note:`` line naming each
-    change. ConfigError naming the first change that the checkpoint's state cannot follow
-    (``FIXED_ON_RESUME``)."""
+    as the checkpoint holds it) with the keys of ``given`` set on top (a list's items as ``ListItems`` says);
+    and one ``note:`` line naming each change by the key the command line types (``shown_key``). ConfigError
+    naming the first change that the checkpoint's state cannot follow (``FIXED_ON_RESUME``,
+    ``FIXED_ON_SFT_RESUME``)."""
     changes: list[tuple[str, Any, Any]] = []
     tree = _overlay(recorded, given, "", changes) if given else recorded
     for key, was, now in changes:
         if is_fixed_on_resume(key):
-            raise ConfigError(f"{typed_key(key)}={_shown(now)} cannot change when resuming --ckpt_path {ckpt_path} "
-                              f"(the run had {_shown(was)}): its weights, optimizer and prompt stream were made with "
-                              f"it; resume without it, or start a new run")
-    return tree, [f"note: resuming with {typed_key(key)}={_shown(now)} (the run had {_shown(was)})"
+            made = ("its batches and their completions were made with it" if key.startswith(SFT_SECTION + ".")
+                    else "its weights, optimizer and prompt stream were made with it")
+            raise ConfigError(f"{shown_key(key, tree)}={_shown(now)} cannot change when resuming --ckpt_path "
+                              f"{ckpt_path} (the run had {_shown(was)}): {made}; resume without it, or start a new "
+                              f"run")
+    return tree, [f"note: resuming with {shown_key(key, tree)}={_shown(now)} (the run had {_shown(was)})"
                   for key, was, now in changes]
 
 
 def checkpoint_step(ckpt_path: str | os.PathLike) -> int:
     """The iteration (``global_step``) that the local checkpoint ``ckpt_path`` holds (read memory-mapped)."""
     return int(_unverified(ckpt_path).get("global_step", 0))
+
+
+def saved_step(path: Path) -> int:
+    """The iteration of a checkpoint file of a run: from its name (``epoch=0-step=20.ckpt``), else from
+    its content (``last.ckpt``); -1 for one that cannot be read."""
+    named = PERIODIC_NAME.match(path.name)
+    if named:
+        return int(named.group(1))
+    try:
+        return checkpoint_step(path)
+    except Exception:  # a damaged file is no newer state of the run
+        return -1
+
+
+def newest_checkpoint(directory: Path) -> Path:
+    """The checkpoint of a run's ``checkpoints/`` ``directory`` that holds its latest iteration: ``last.ckpt``, or a
+    newer periodic one where a kill came between writing that and ``last.ckpt`` (Lightning writes ``last.ckpt``
+    after the periodic checkpoint and the retention that follows it)."""
+    saved = [path for path in directory.iterdir() if path.name.endswith(".ckpt") and not path.name.startswith(".")]
+    return max(saved, key=lambda path: (saved_step(path), path.name == "last.ckpt"))
 
 
 def _unverified(ckpt_path: str | os.PathLike) -> dict:

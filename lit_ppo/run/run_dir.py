@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lit_ppo.errors import ConfigError
-from lit_ppo.run.loggers import mlflow_settings, tracking_setting
+from lit_ppo.run.lock import LOCK_NAME
 from lit_ppo.run.mlflow_store import resolve_experiment
 from lit_ppo.utils.config_values import config_value
 from lit_ppo.utils.imports import is_object_reference
@@ -86,6 +86,8 @@ def _run_place(config: Any) -> tuple[Path, str, str]:
     """(root, experiment, description) of the runs of the parsed (or composed) ``fit`` config: their
     directories are ``<root>/<experiment>/<description>-<start time>``; the experiment and description are
     the first MLflow logger's experiment and run name, else ``<algo>-<task>-<model>``."""
+    from lit_ppo.run.loggers import mlflow_settings, tracking_setting  # Lightning: run names are checked without
+
     loggers = mlflow_settings(config)
     experiment = tracking_setting(*loggers[0])[2] if loggers else resolve_experiment(None)
     prefixes = [init_args.get("run_name") for _, init_args in loggers if init_args.get("run_name")]
@@ -105,8 +107,9 @@ def new_run_dir(config: Any) -> Path:
 
 def last_checkpoint(config: Any) -> Path:
     """What ``--ckpt_path last`` resumes: of the run directories named like the runs of the parsed (or
-    composed) ``fit`` config, ``<root>/<experiment>/<description>-<start time>[-n]``, the ``last.ckpt``
-    written last. ConfigError when none holds one."""
+    composed) ``fit`` config, ``<root>/<experiment>/<description>-<start time>[-n]``, the one whose ``last.ckpt``
+    was written last, its newest checkpoint (``newest_checkpoint``: ``last.ckpt``, or a periodic one that a kill
+    left newer). ConfigError when none holds one."""
     root, experiment, description = _run_place(config)
     parent = root / as_file_name(experiment)
     named = re.compile(rf"{re.escape(as_file_name(description))}-\d{{8}}-\d{{6}}(-\d+)?")
@@ -116,29 +119,70 @@ def last_checkpoint(config: Any) -> Path:
     if not found:
         raise ConfigError(f"--ckpt_path last: no run directory {parent / as_file_name(description)}-<time> holds a "
                           f"checkpoints/last.ckpt: give the path of the checkpoint to resume")
-    return max(found, key=lambda path: path.stat().st_mtime)
+    from lit_ppo.run.resume import newest_checkpoint  # torch: only a resume reads checkpoints
+
+    return newest_checkpoint(max(found, key=lambda path: path.stat().st_mtime).parent)
 
 
 JOB_MARKER = ".job"
 """File of a job's run directory naming the Slurm job (``SLURM_JOB_ID``, empty elsewhere) that took it."""
+JOB_LOGS = "slurm"
+"""Folder of a Slurm job's logs in its run directory (lit_ppo.schedulers.slurm), there before the job first starts."""
+RAY_STORAGE = "ray"
+"""Folder of Ray Train's storage in a Ray job's run directory (lit_ppo.schedulers.ray), there before its workers
+start."""
+
+
+def _scheduled_job_dir() -> Path | None:
+    scheduled = os.environ.get(JOB_RUN_DIR_ENV)
+    return Path(scheduled).expanduser().absolute() if scheduled else None
+
+
+def _holds_run(path: Path) -> bool:
+    """Whether ``path`` is a lit_ppo run's directory: a job took it, or a run locked it (every run does,
+    first thing)."""
+    return (path / JOB_MARKER).exists() or (path / LOCK_NAME).exists()
+
+
+def check_job_run_dir() -> None:
+    """ConfigError when ``LIT_PPO_JOB_RUN_DIR`` names what no run may be written into: a file, or a directory
+    holding files but no run (the working directory, say), whose ``model/`` the export at the end of fit
+    would replace. Called before anything is written, so that the refusal leaves everything as it was."""
+    path = _scheduled_job_dir()
+    if path is None or not path.exists() or _holds_run(path):
+        return
+    scheduled = os.environ[JOB_RUN_DIR_ENV]
+    if not path.is_dir():
+        raise ConfigError(f"{JOB_RUN_DIR_ENV}={scheduled} is a file, not a run directory: unset {JOB_RUN_DIR_ENV}, "
+                          f"or name a new or empty directory")
+    if any(entry.name not in (JOB_LOGS, RAY_STORAGE) for entry in path.iterdir()):
+        raise ConfigError(f"{JOB_RUN_DIR_ENV}={scheduled} holds files but no lit_ppo run, and a job's run directory "
+                          f"is new or empty (a scheduler makes it so): unset {JOB_RUN_DIR_ENV}, or name a new or "
+                          f"empty directory")
 
 
 def job_run_dir() -> Path | None:
-    """The batch job's directory (``LIT_PPO_JOB_RUN_DIR``), where it is this process's: one that holds no run
-    yet (the job's first start, which marks it as the job's), or one that the same Slurm job took before (a
-    requeued job). A value left in another shell names a directory holding another run: None, said in one
-    line, so that a fresh fit never writes into that run."""
-    scheduled = os.environ.get(JOB_RUN_DIR_ENV)
-    if not scheduled:
+    """The batch job's directory (``LIT_PPO_JOB_RUN_DIR``), where it is this process's: a new or empty one, or one
+    holding only the job's logs (the job's first start, which marks it as the job's), or one that the same Slurm
+    job took before (a requeued job). A value left in another shell names a directory holding another run: None,
+    said in one line, so that a fresh fit never writes into that run. ConfigError for one that holds files but
+    no run (``check_job_run_dir``)."""
+    path = _scheduled_job_dir()
+    if path is None:
         return None
-    path = Path(scheduled).expanduser().absolute()
     job = os.environ.get("SLURM_JOB_ID", "")
     marker = path / JOB_MARKER
-    if path.is_dir() and not marker.exists() and not (path / "config.yaml").exists():
-        marker.write_text(job)
-        return path
     if job and marker.is_file() and marker.read_text().strip() == job:
         return path
-    print(f"note: {JOB_RUN_DIR_ENV}={scheduled} is not this process's job directory (it holds another run, or is "
-          f"gone): starting a new run", file=sys.stderr, flush=True)
+    if not _holds_run(path):
+        check_job_run_dir()
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            marker.write_text(job)
+        except OSError as e:
+            raise ConfigError(f"{JOB_RUN_DIR_ENV}={os.environ[JOB_RUN_DIR_ENV]} cannot be made a run directory: "
+                              f"{e.strerror or e}: name a directory this user can write") from None
+        return path
+    print(f"note: {JOB_RUN_DIR_ENV}={os.environ[JOB_RUN_DIR_ENV]} is not this process's job directory (it holds "
+          f"another run): starting a new run", file=sys.stderr, flush=True)
     return None

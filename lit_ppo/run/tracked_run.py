@@ -25,6 +25,7 @@ from lit_ppo.run.lock import lock_run_dir
 from lit_ppo.run.loggers import (
     MLflowRunLogger,
     WandbRunLogger,
+    check_logger_dirs,
     check_logger_packages,
     mlflow_settings,
     tracking_setting,
@@ -32,7 +33,7 @@ from lit_ppo.run.loggers import (
 from lit_ppo.run.mlflow_store import prepare_store
 from lit_ppo.run.processes import RUN_DIR_ENV, launched_as_rank_zero
 from lit_ppo.run.resume import CONFIG_STATE_KEY
-from lit_ppo.run.run_dir import job_run_dir, new_run_dir, what_ran
+from lit_ppo.run.run_dir import check_job_run_dir, job_run_dir, new_run_dir, what_ran
 from lit_ppo.training.checkpoint_io import scale_lr
 from lit_ppo.training.record import RECORD_KEY, RUN_KEY
 from lit_ppo.utils.config_values import config_value
@@ -53,7 +54,10 @@ def start(config: Any) -> Path | None:
     make every MLflow store ready and, on rank 0, create the run directory (or continue the resumed
     checkpoint's), export it to the ranks Lightning will start and print it. Returns the run directory
     (None on a rank that learns it by broadcast at setup)."""
+    if launched_as_rank_zero():
+        check_job_run_dir()  # before any store or directory is written: a refusal leaves everything as it was
     check_logger_packages(config.trainer.logger)
+    check_logger_dirs(config.trainer.logger)
     for cls, init_args in mlflow_settings(config):
         uri, source, name = tracking_setting(cls, init_args)
         if uri:

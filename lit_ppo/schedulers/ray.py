@@ -41,7 +41,7 @@ from lit_ppo.config.scheduler import RayConfig
 from lit_ppo.errors import ConfigError
 from lit_ppo.run.processes import RUN_DIR_ENV
 from lit_ppo.run.resume import recorded_run
-from lit_ppo.run.run_dir import JOB_RUN_DIR_ENV, new_run_dir
+from lit_ppo.run.run_dir import JOB_RUN_DIR_ENV, RAY_STORAGE, new_run_dir
 from lit_ppo.utils.flags import flag_value
 
 STRATEGIES = ("auto", "ddp")
@@ -126,7 +126,7 @@ def _run_job(ray: Any, cfg: RayConfig, tree: dict, flags: list[str], worker_fit:
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=bool(cfg.gpus_per_worker),
                                      resources_per_worker=cfg.resources_per_worker),
         # A failed rank fails the job: a restart would be a resume, which is the user's --ckpt_path.
-        run_config=RunConfig(name="ray", storage_path=str(run_dir), failure_config=FailureConfig(max_failures=0)))
+        run_config=RunConfig(name=RAY_STORAGE, storage_path=str(run_dir), failure_config=FailureConfig(max_failures=0)))
     received: list[int] = []
 
     def handle(signum: int, frame) -> None:

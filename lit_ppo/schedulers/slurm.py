@@ -44,7 +44,7 @@ from pathlib import Path
 from lit_ppo.config.scheduler import SlurmConfig
 from lit_ppo.errors import ConfigError
 from lit_ppo.run.loggers import tracking_uris
-from lit_ppo.run.run_dir import JOB_RUN_DIR_ENV, new_run_dir
+from lit_ppo.run.run_dir import JOB_LOGS, JOB_RUN_DIR_ENV, new_run_dir
 from lit_ppo.utils.flags import flag_value
 
 WARNING_S = 90
@@ -97,7 +97,7 @@ def job_command(cfg: SlurmConfig, overrides: list[str], flags: list[str], traine
 
 def script(cfg: SlurmConfig, run_dir: Path, command: list[str], cwd: Path) -> str:
     """The batch script of the job whose run directory is ``run_dir`` (absolute)."""
-    logs = run_dir / "slurm"
+    logs = run_dir / JOB_LOGS
     sbatch = [f"--job-name={cfg.job_name or run_dir.name}", f"--nodes={cfg.nodes}",
               f"--ntasks-per-node={cfg.tasks_per_node}"]
     if cfg.gpus_per_node:

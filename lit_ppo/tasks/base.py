@@ -57,7 +57,8 @@ class Task(Protocol):
         """Reward of a completion's text, in [0, 1]; anything but a finite real number is an invalid
         reward (see data.on_invalid_reward). A task may also define ``group_rewards(problem,
         completions) -> list`` (the rewards of one prompt's completions at once), which the
-        single-turn workflow then calls instead."""
+        single-turn workflow then calls instead. Either may be ``async def``: a prompt's rewards are then
+        awaited together, as asynchronous reward functions are (``lit_ppo.tasks.rewards.calls``)."""
 
     def allowed_completion_tokens(self, tokenizer) -> list[int] | None:
         """Token ids completions may use (the tokenizer's EOS included), or None for all."""

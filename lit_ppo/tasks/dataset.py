@@ -69,6 +69,43 @@ def read_rows(path: str, key: str) -> list[dict[str, Any]]:
     return rows
 
 
+def row_places(path: str, count: int) -> list[str]:
+    """Where each of the ``count`` rows that ``read_rows`` read from ``path`` is, as its user finds it: the
+    line of a JSON Lines or CSV file (``train.jsonl line 14``), the item of a JSON array, else the row of the
+    table (a JSON object of columns, Parquet, a saved ``datasets.Dataset``: ``train.parquet row 12``)."""
+    p = user_path(path)
+    suffix = "" if p.is_dir() else p.suffix.lower()
+    if suffix in (".jsonl", ".json", ".csv"):
+        text = p.read_bytes().decode("utf-8-sig")
+        document = _json_document(text) if suffix == ".json" else None
+        if document is not None:
+            kind = "item" if isinstance(document, list) else "row"  # an array, or an object of columns
+            return [f"{path} {kind} {i}" for i in range(count)]
+        lines = (_csv_record_lines(text)[1:] if suffix == ".csv"  # the header is no row
+                 else [n for n, line in enumerate(text.split("\n"), start=1) if line.strip()])
+        return [f"{path} line {n}" for n in lines]
+    return [f"{path} row {i}" for i in range(count)]
+
+
+def _json_document(text: str) -> Any:
+    """The JSON document ``text`` holds, or None for several (JSON Lines)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
+def _csv_record_lines(text: str) -> list[int]:
+    """The line on which each record of the CSV ``text`` begins (a quoted value may span lines), blank lines
+    skipped."""
+    reader, starts, end = csv.reader(io.StringIO(text)), [], 0
+    for record in reader:
+        if record:
+            starts.append(end + 1)
+        end = reader.line_num
+    return starts
+
+
 def _utf8_text(p: Path, where: str) -> str:
     """The file's text; ValueError saying where it is not UTF-8, or that it holds nothing but whitespace."""
     try:
@@ -236,9 +273,9 @@ def _messages(value: Any) -> tuple[dict[str, str], ...] | None:
 def rows_to_problems(rows: list[dict[str, Any]], path: str, prompt_key: str, answer_key: str | None,
                      answer_needed_by: str | None = None, key: str = "train_path") -> tuple[Problem, ...]:
     """Problems of the rows read from ``path`` (the setting ``key``); ValueError naming the key, the file and
-    the column for a missing column or a value of the wrong kind. The gold answer is read from
-    ``answer_key`` if the column is there; it must be when the reward ``answer_needed_by`` needs it (else
-    the answer is "")."""
+    the column for a missing column, and the row's line (``row_places``) for a value of the wrong kind. The
+    gold answer is read from ``answer_key`` if the column is there; it must be when the reward
+    ``answer_needed_by`` needs it (else the answer is "")."""
     if not rows:
         raise ValueError(f"{path}: has no rows")
     names = list(rows[0])
@@ -254,15 +291,18 @@ def rows_to_problems(rows: list[dict[str, Any]], path: str, prompt_key: str, ans
     if clashing:
         raise ValueError(f"{PREFIX}{key}={path!r}: has a column {clashing[0]!r}, a keyword reward functions are "
                          f"called with ({', '.join(CALL_KEYWORDS)}): rename the column")
+    def place(i: int) -> str:  # read again only for the message: the row's line in the file
+        return row_places(path, len(rows))[i]
+
     problems = []
     for i, row in enumerate(rows):
         value = row[prompt_key]
         messages = None if isinstance(value, str) else _messages(value)
         if not isinstance(value, str) and messages is None:
-            raise ValueError(f"{PREFIX}prompt_key={prompt_key!r}: {path} row {i}, column {prompt_key!r}: "
+            raise ValueError(f"{PREFIX}prompt_key={prompt_key!r}: {place(i)}, column {prompt_key!r}: "
                              f"{type(value).__name__} is not a string or a list of chat messages {{role, content}}")
         if messages is not None and not any(m["role"] == "user" for m in messages):
-            raise ValueError(f"{PREFIX}prompt_key={prompt_key!r}: {path} row {i}, column {prompt_key!r}: "
+            raise ValueError(f"{PREFIX}prompt_key={prompt_key!r}: {place(i)}, column {prompt_key!r}: "
                              f"the chat messages have no 'user' message")
         prompt = value if messages is None else [m["content"] for m in messages if m["role"] == "user"][-1]
         answer = ""
@@ -272,7 +312,7 @@ def rows_to_problems(rows: list[dict[str, Any]], path: str, prompt_key: str, ans
                 if answer_needed_by is None:  # no built-in compares with it: a column like any other
                     gold = ""
                 else:
-                    raise ValueError(f"{PREFIX}answer_key={answer_key!r}: {path} row {i}, column {answer_key!r}: "
+                    raise ValueError(f"{PREFIX}answer_key={answer_key!r}: {place(i)}, column {answer_key!r}: "
                                      f"{type(gold).__name__} is not a string or a number")
             # A column of ints and floats is read as floats: 2 stays "2", not "2.0".
             answer = str(int(gold)) if isinstance(gold, float) and gold.is_integer() else str(gold)

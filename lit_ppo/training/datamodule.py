@@ -33,27 +33,17 @@ from lit_ppo.errors import ConfigError
 from lit_ppo.models.policy import context_length
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.collector import Collector
+from lit_ppo.rollout.context import check_context, test_problem_count
 from lit_ppo.rollout.engines.factory import build_engine
 from lit_ppo.rollout.engines.protocol import RolloutEngine, SamplingParams
 from lit_ppo.rollout.episodes.choose import build_workflow
 from lit_ppo.rollout.episodes.episode import Workflow
-from lit_ppo.rollout.episodes.multi_turn import MultiTurnWorkflow
 from lit_ppo.rollout.evaluation import Evaluation, greedy, sum_names
 from lit_ppo.rollout.producer import AsyncProducer, SharedEngine, batch_to_dict, drop_stale
 from lit_ppo.rollout.stream import PromptStream, stable_seed
 from lit_ppo.tasks import DEFAULT_TASK, build_task
-from lit_ppo.tasks.base import is_agent
-from lit_ppo.utils.imports import describe, import_object
+from lit_ppo.utils.imports import describe, import_function
 from lit_ppo.utils.source_docs import args_entries, dataclass_fields
-
-
-def import_function(path: str, key: str) -> Callable:
-    """The function at dotted ``path`` (importable from the working directory); ValueError naming
-    ``key`` if it cannot be imported or is not callable."""
-    fn = import_object(path, key, "function")
-    if not callable(fn):
-        raise ValueError(f"{key}={path!r} is not a function")
-    return fn
 
 
 class TrainedPolicy(Protocol):
@@ -152,7 +142,8 @@ class RolloutDataModule(L.LightningDataModule):
         budget, must fit the model's context; a one-line ConfigError otherwise."""
         trained = self._trained
         self._check_allowed_tokens(trained.tokenizer)
-        self.check_context(trained.tokenizer, context_length(getattr(trained.policy, "config", None)), stage)
+        check_context(self.task, self.gconfig, self.rollout, self.eval, trained.tokenizer,
+                      context_length(getattr(trained.policy, "config", None)), stage)
 
     def _check_allowed_tokens(self, tokenizer) -> None:
         if not self.gconfig.restrict_to_task_tokens:
@@ -178,56 +169,6 @@ class RolloutDataModule(L.LightningDataModule):
                               f"tokenizer's vocabulary of {vocab} (ids 0 to {vocab - 1}): "
                               f"{', '.join(map(repr, outside[:5]))}{', ...' if len(outside) > 5 else ''}")
 
-    def check_context(self, tokenizer, context: int | None, stage: str) -> None:
-        """The longest prompt plus ``gconfig.max_new_tokens`` (a multi-turn episode: ``max_turns`` turns
-        of it and the markup of the feedback turns between them, at least) must fit the model's ``context``
-        (None: the model declares none); the prompts of the splits that ``stage`` reads. Needs no trainer:
-        the checks before a run call it too (``lit_ppo.launch.check``)."""
-        if context is None or is_agent(self.task):  # an agent's client checks each call as it is made
-            return
-        workflow = build_workflow(self.task, tokenizer, SamplingParams(n=1, max_new_tokens=self.gconfig.max_new_tokens),
-                                  self.rollout, max_model_len=context)
-        splits = [("test", self.eval_problem_count())]
-        if stage == "fit":
-            splits.insert(0, ("train", None))
-        longest, where, seen = -1, "", set()
-        for split, count in splits:
-            for i, problem in enumerate(self.task.problems(split)[:count]):
-                text = problem.prompt if problem.messages is None else None
-                if text is not None and text in seen:
-                    continue  # tasks repeat prompts; each is tokenized once
-                seen.add(text)
-                length = len(workflow.prompt_ids(problem.prompt if isinstance(workflow, MultiTurnWorkflow)
-                                                 else problem))
-                if length > longest:
-                    longest, where = length, f"{split} problem {i}"
-        if longest < 0:
-            return
-        new = self.gconfig.max_new_tokens
-        limit = f"the model's context length of {context} (max_position_embeddings in its config)"
-        if not isinstance(workflow, MultiTurnWorkflow):
-            if longest + new > context:
-                fix = (f"lower gconfig.max_new_tokens to {context - longest} or less, or shorten the prompts"
-                       if longest < context else
-                       "the prompt alone does not fit: shorten the prompts (and data.system_prompt) or use a model "
-                       "with a longer context")
-                raise ConfigError(f"gconfig.max_new_tokens={new} and the longest prompt ({longest} tokens, {where}) "
-                                  f"need {longest + new} positions, more than {limit}: {fix}")
-            return
-        turns = self.rollout.max_turns
-        eos = tokenizer.eos_token_id
-        markup = len(workflow.feedback_ids("", [] if eos is None else [eos]))  # a feedback turn without its text
-        need = longest + turns * new + (turns - 1) * markup
-        if need > context:
-            fitting = (context - longest + markup) // (new + markup)
-            fix = (f"lower data.max_turns to {fitting} or less, or gconfig.max_new_tokens" if fitting >= 1 else
-                   f"lower gconfig.max_new_tokens to {context - longest} or less with data.max_turns=1"
-                   if longest < context else "the prompt alone does not fit: shorten the prompts")
-            raise ConfigError(f"data.max_turns={turns} turns of gconfig.max_new_tokens={new} after the longest first "
-                              f"prompt ({longest} tokens, {where}), with {turns - 1} feedback turn(s) of at least "
-                              f"{markup} tokens between them, need at least {need} positions, more than {limit}: "
-                              f"{fix}")
-
     def train_dataloader(self) -> Iterator[RolloutBatch]:
         trained = self._trained
         if self.engine is None:
@@ -250,8 +191,7 @@ class RolloutDataModule(L.LightningDataModule):
 
     def eval_problem_count(self) -> int:
         """How many test problems an evaluation scores (the first ones of the split)."""
-        available = len(self.task.problems("test"))
-        return available if self.eval.max_problems is None else min(available, self.eval.max_problems)
+        return test_problem_count(self.task, self.eval)
 
     def evaluate(self, indices: list[int]) -> torch.Tensor:
         """The ``lit_ppo.rollout.evaluation.sum_names`` sums of the test problems at ``indices``, scored by the

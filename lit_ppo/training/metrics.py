@@ -3,8 +3,8 @@
 Each rank computes its metrics over its own rows; the logged value is what one process holding every
 rank's rows would compute. Counts and throughput add up over ranks (``SUMMED``); every other metric is
 a mean over ranks weighted by what the rank's value averages over: its rows (``ROW_MEANS``), its loss
-tokens (``TOKEN_MEANS``), the tokens of the micro-batches an update statistic came from
-(``MetricSum.weights``), else 1. One all-reduce carries every metric of the iteration.
+tokens (``TOKEN_MEANS``), the tokens an update statistic is a mean over (``MetricSum.weights``: the tokens whose
+loss counts, or the generated ones), else 1. One all-reduce carries every metric of the iteration.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def update_metrics(batch: RolloutBatch, adv: Advantages, values: torch.Tensor | 
         metrics[f"{REWARD_TERMS}{name}/std"] = float(given.square().mean()) if given.numel() else 0.0
         weights[f"{REWARD_TERMS}{name}/mean"] = weights[f"{REWARD_TERMS}{name}/std"] = float(given.numel())
     weights.update({k: float(n_tokens) for k in TOKEN_MEANS})
-    weights.update(sums.weights)  # the update's statistics: the tokens of the micro-batches they came from
+    weights.update(sums.weights)  # the update's statistics: the tokens each is a mean over
     return metrics, weights
 
 

@@ -324,14 +324,16 @@ class LitPPO(L.LightningModule):
             loss, stats = policy_loss(logp, prox, advantages[idx, :width], sub.loss_mask, cfg,
                                       behave_logp=sub.behave_logp, num_tokens=n_tokens, num_seqs=n_seqs,
                                       entropy=entropy, ref_logp=None if ref_logp is None else ref_logp[idx, :width])
-            mismatch = {k: v for k, v in stats.items() if k in MISMATCH_STATS}
+            weighted = {k: (v, stats.tokens.get(k)) for k, v in stats.items()}
+            mismatch = {k: v for k, v in weighted.items() if k in MISMATCH_STATS}
             if measure_mismatch and minibatch == 0:
+                generated = sub.loss_mask.sum()
                 gap = (logp.detach() - sub.behave_logp).abs() * sub.loss_mask
-                mismatch["logp_abs_diff"] = gap.sum() / sub.loss_mask.sum().clamp(min=1)
+                mismatch["logp_abs_diff"] = (gap.sum() / generated.clamp(min=1), generated)
                 # Every micro-batch of the first minibatch, before its backward pass and so before the
                 # first optimizer step; all ranks run the same number of them (equalised micro-batches).
                 self._check_logp_gap(logp, sub)
-            return loss, {"actor": {k: v for k, v in stats.items() if k not in MISMATCH_STATS}, "mismatch": mismatch}
+            return loss, {"actor": {k: v for k, v in weighted.items() if k not in MISMATCH_STATS}, "mismatch": mismatch}
 
         # The actor's last step is the iteration's one step through Lightning: trainer.max_steps counts iterations.
         return optimize(batch, micro_loss, cfg, prefix="actor", model=self.policy, optimizer=self._optimizers()[0],
@@ -348,13 +350,24 @@ class LitPPO(L.LightningModule):
             values, _ = self.critic.values(sub.input_ids, sub.attention_mask)
             loss, stats = value_loss(values, old_values[idx, :width], returns[idx, :width], sub.loss_mask,
                                      eps_clip=cfg.eps_clip, num_tokens=n_tokens)
-            return loss, {"critic": stats}
+            # The loss is the micro-batch's share of the minibatch's; the statistics are means over its tokens.
+            generated = sub.loss_mask.sum()
+            return loss, {"critic": {k: (v, None if k == "loss" else generated) for k, v in stats.items()}}
 
         return optimize(batch, micro_loss, cfg, prefix="critic", model=self.critic, optimizer=self._optimizers()[1],
                         counts_as_global_step=False, backward=self.manual_backward,
                         world_size=self.trainer.world_size, version=self.version, sums=sums)
 
     # ------------------------------------------------------------------ evaluation (lit_ppo.rollout.evaluation)
+    def on_train_start(self) -> None:
+        """eval.before_training: the untrained policy's scores, at iteration 0, by Lightning's validation loop as
+        every later evaluation (its callbacks print and record them). A resumed fit is past its untrained point."""
+        datamodule: RolloutSource = self.trainer.datamodule
+        if datamodule.eval.before_training and self.trainer.global_step == 0 and self.trainer.enable_validation:
+            self.trainer.validating = True
+            self.trainer.fit_loop.epoch_loop.val_loop.run()
+            self.trainer.training = True
+
     def on_validation_epoch_start(self) -> None:
         datamodule: RolloutSource = self.trainer.datamodule
         self._eval_sums = torch.zeros(len(sum_names(datamodule.task)), dtype=torch.float64)

@@ -1,8 +1,8 @@
 """What a checkpoint was made with: the algorithm, the model source (and LoRA settings) and the task.
 
-LitPPO stores this record under ``lit_ppo`` in every checkpoint; a resume must match it
-(``lit_ppo.run.resume.check_resume``). The run layer adds where the run is recorded (its ``run``
-entry, written by ``lit_ppo.run.tracked_run.TrackedConfig``), which is not compared.
+LitPPO stores this record under ``lit_ppo`` in every checkpoint, LitSFT its own (``sft_record``); a resume
+must match it (``lit_ppo.run.resume.check_resume``). The run layer adds where the run is recorded (its
+``run`` entry, written by ``lit_ppo.run.tracked_run.TrackedConfig``), which is not compared.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ DATA_PATH_FIELDS = ("train_path", "test_path")
 
 
 DATA_DIGEST_SUFFIX = ".sha256"
+SFT_ALGO = "sft"
+"""The ``algo`` of the sft job's config and record: what tells its checkpoints from a fit's."""
 
 
 def task_identity(task: Any) -> dict[str, Any]:
@@ -51,8 +53,15 @@ def task_identity(task: Any) -> dict[str, Any]:
             value = os.fspath(value) if isinstance(value, os.PathLike) else value
             if f.init and not f.name.startswith("_") and is_plain(value, PLAIN_TYPES):
                 out[f"task.{f.name}"] = value
+    return {**out, **_data_digests(out)}
+
+
+def _data_digests(identity: dict[str, Any]) -> dict[str, str]:
+    """``task.<field>.sha256``: the content digest of each data file of ``DATA_PATH_FIELDS`` that the task
+    ``identity`` names and that exists (``lit_ppo.tasks.dataset.data_digest``)."""
+    out = {}
     for name in DATA_PATH_FIELDS:
-        path = out.get(f"task.{name}")
+        path = identity.get(f"task.{name}")
         if isinstance(path, str) and user_path(path).exists():
             out[f"task.{name}{DATA_DIGEST_SUFFIX}"] = data_digest(path)
     return out
@@ -66,13 +75,28 @@ def run_record(algo: str, model_cfg: ModelConfig, task: Any | None) -> dict[str,
     return record
 
 
+def sft_record(model_cfg, task: str, task_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """What an sft checkpoint is made with: the algo ``sft``, the model source (and LoRA settings) of
+    ``model_cfg`` (a ModelConfig or a mapping of its fields), the data section's ``task`` and its plain-valued
+    ``task_kwargs`` as given, and the content digests of its data files: sft reads a dataset's rows without
+    building its task."""
+    source = model_cfg.source if isinstance(model_cfg, ModelConfig) else model_cfg.get("source", ModelConfig.source)
+    identity = {"task": task, **{f"task.{name}": value for name, value in (task_kwargs or {}).items()
+                                 if is_plain(value, PLAIN_TYPES)}}
+    return {"algo": SFT_ALGO, "model": model_identity(source), **lora_identity(model_cfg), **identity,
+            **_data_digests(identity)}
+
+
 def expected_record(tree: dict) -> dict[str, Any]:
-    """``run_record`` of the run that LightningCLI's config ``tree`` describes (builds the task, no model)."""
+    """``run_record`` (``sft_record`` for the sft job) of the run that LightningCLI's config ``tree`` describes
+    (builds the task, no model)."""
     model = tree.get("model") or {}
     algo = model.get("algo", DEFAULT_ALGO)
     model_cfg = model.get("model") or {}
     source = model_cfg.source if isinstance(model_cfg, ModelConfig) else model_cfg.get("source", ModelConfig.source)
     data = tree.get("data") or {}
+    if algo == SFT_ALGO:
+        return sft_record(model_cfg, data.get("task", DEFAULT_TASK), data.get("task_kwargs"))
     task = build_task(data.get("task", DEFAULT_TASK), **(data.get("task_kwargs") or {}))
     return {"algo": algo, "model": model_identity(source), **lora_identity(model_cfg), **task_identity(task)}
 

@@ -6,8 +6,9 @@ masks count (their completions), across the batch:
 
 computed by ``lit_ppo.models.token_logprobs`` (the LM head in chunks: no ``[tokens x vocab]`` logits stay).
 Its checkpoints hold the policy's weights under the names LitPPO's do, with the same ``model``
-hyperparameters, so ``python -m lit_ppo export`` reads them, and the final model directory is what
-``fit model=<dir>`` starts from."""
+hyperparameters, so ``python -m lit_ppo export`` reads them, and a record of what made them (``sft_record``:
+the job, the model, the data and its files' digests), which a resume checks; the final model directory is
+what ``fit model=<dir>`` starts from."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from lit_ppo.models import load_policy, token_logprobs
 from lit_ppo.models.lora import add_lora, lora_config, merged_model
 from lit_ppo.training.checkpoint_io import install_checkpoint_io
 from lit_ppo.training.optim import adamw_with_schedule
+from lit_ppo.training.record import RECORD_KEY, sft_record
 from lit_ppo.utils.fs import shown_path
 
 
@@ -67,6 +69,11 @@ class LitSFT(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         install_checkpoint_io(self.trainer.strategy)  # atomic, finite-only checkpoints, as fit's
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # What resuming must match, as LitPPO's record: the job, the model and the data (its files' digests).
+        data = self.trainer.datamodule
+        checkpoint.setdefault(RECORD_KEY, {}).update(sft_record(self.model_cfg, data.task, data.task_kwargs))
 
     def full_policy(self):
         """The policy as one plain transformers model (the adapters merged): what the export writes."""

@@ -14,14 +14,15 @@ prompt), so that the fine-tuned model meets its prompts in RL as it met them her
 - else ``sft.completion_template`` formatted with the problem's ``answer``, ``prompt`` and columns.
 
 A problem with none of these, an example longer than ``sft.max_length`` and a chat template that renders
-earlier messages differently once later ones follow are refused in one line naming the row: nothing is
-dropped or cut silently."""
+earlier messages differently once later ones follow are refused in one line naming the row where its user
+finds it (``train.jsonl line 14``, ``data.task=arithmetic problems('train')[3]``): nothing is dropped or cut
+silently."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import lightning as L
 import torch
@@ -30,7 +31,7 @@ from torch.utils.data import DataLoader
 from lit_ppo.config.sft import SFTConfig
 from lit_ppo.tasks import build_task
 from lit_ppo.tasks.base import Problem
-from lit_ppo.tasks.dataset import PREFIX, held_out_split, read_rows, rows_to_problems
+from lit_ppo.tasks.dataset import PREFIX, held_out_split, read_rows, row_places, rows_to_problems
 
 
 @dataclass(frozen=True)
@@ -43,29 +44,44 @@ class SFTExample:
     """True on the tokens the loss counts (each predicted from the tokens before it)."""
 
 
-def sft_problems(task: str, task_kwargs: dict[str, Any] | None) -> dict[str, Sequence[Problem]]:
-    """``{'train': ..., 'test': ...}`` problems of the ``data`` section's task. ``data=dataset`` reads its files'
-    rows as they are (a prompt column, or ``messages`` where the rows have no prompt column), without
-    setting up its rewards; any other task gives its own problems."""
+class SFTProblem(NamedTuple):
+    """A problem to fine-tune on, and where its user finds it."""
+
+    problem: Problem
+    where: str
+    """Its row as the user sees it: ``train.jsonl line 14``, ``data.task=arithmetic problems('train')[3]``."""
+
+
+def sft_problems(task: str, task_kwargs: dict[str, Any] | None) -> dict[str, list[SFTProblem]]:
+    """``{'train': ..., 'test': ...}`` problems of the ``data`` section's task, each with where it is.
+    ``data=dataset`` reads its files' rows as they are (a prompt column, or ``messages`` where the rows have no
+    prompt column), without setting up its rewards: each is the line (or row) of its file, the test fraction
+    held out included; any other task gives its own problems, each its index in ``problems(split)``."""
     kwargs = dict(task_kwargs or {})
     if task != "dataset":
         built = build_task(task, **kwargs)
-        return {split: built.problems(split) for split in ("train", "test")}
+        return {split: [SFTProblem(p, f"data.task={task} problems({split!r})[{i}]")
+                        for i, p in enumerate(built.problems(split))] for split in ("train", "test")}
     if kwargs.get("train_path") is None:
         raise ValueError(f"{PREFIX}train_path is required: give {PREFIX}train_path=<file>")
     prompt_key = kwargs.get("prompt_key") or "prompt"
 
-    def load(key: str) -> tuple[Problem, ...]:
+    def load(key: str) -> list[SFTProblem]:
         path = os.fspath(kwargs[key])
         rows = read_rows(path, key)
         column = prompt_key if prompt_key in rows[0] or "messages" not in rows[0] else "messages"
-        return rows_to_problems(rows, path, column, kwargs.get("answer_key"), None, key)
+        problems = rows_to_problems(rows, path, column, kwargs.get("answer_key"), None, key)
+        return [SFTProblem(*pair) for pair in zip(problems, row_places(path, len(rows)))]
 
     train = load("train_path")
     if kwargs.get("test_path") is not None:
         return {"train": train, "test": load("test_path")}
-    return dict(zip(("train", "test"), held_out_split(train, kwargs.get("test_fraction"), kwargs.get("seed", 0),
-                                                      kwargs["train_path"])))
+    # The held-out split keeps the problems themselves, in order: each finds its place again by identity.
+    where = {id(p.problem): p.where for p in train}
+    splits = held_out_split(tuple(p.problem for p in train), kwargs.get("test_fraction"), kwargs.get("seed", 0),
+                            kwargs["train_path"])
+    return {split: [SFTProblem(p, where[id(p)]) for p in problems]
+            for split, problems in zip(("train", "test"), splits)}
 
 
 def _prompt_messages(problem: Problem, system_prompt: str | None) -> list[dict]:
@@ -144,10 +160,10 @@ def tokenize(tokenizer, problem: Problem, cfg: SFTConfig, system_prompt: str | N
     return SFTExample(tuple(ids), tuple(mask))
 
 
-def sft_examples(tokenizer, problems: Sequence[Problem], cfg: SFTConfig, system_prompt: str | None,
-                 split: str) -> list[SFTExample]:
-    """Every problem of ``split`` as an example, in order."""
-    return [tokenize(tokenizer, p, cfg, system_prompt, f"the {split} split's row {i}") for i, p in enumerate(problems)]
+def sft_examples(tokenizer, problems: Sequence[SFTProblem], cfg: SFTConfig,
+                 system_prompt: str | None) -> list[SFTExample]:
+    """Every problem as an example, in order, a refusal naming where the problem is."""
+    return [tokenize(tokenizer, p.problem, cfg, system_prompt, p.where) for p in problems]
 
 
 def step_batches(n: int, batch_size: int, epochs: int, shuffle: bool, seed: int, world: int) -> list[list[list[int]]]:
@@ -212,15 +228,16 @@ class SFTDataModule(L.LightningDataModule):
     def __init__(self, task: str, task_kwargs: dict | None, sft: SFTConfig, system_prompt: str | None = None,
                  seed: int = 0):
         super().__init__()
+        self.task, self.task_kwargs = task, task_kwargs  # what the checkpoints record (LitSFT's sft_record)
         self.cfg = sft
         self.system_prompt = system_prompt
         self.seed = seed
         self.problems = sft_problems(task, task_kwargs)  # before any model loads: bad data is one line
         if not self.problems["train"]:
             raise ValueError(f"data.task={task!r} has no training problems")
-        for split, problems in self.problems.items():
-            for i, problem in enumerate(problems):
-                _completion(problem, sft, f"the {split} split's row {i}")
+        for problems in self.problems.values():
+            for problem, where in problems:
+                _completion(problem, sft, where)
         self.examples: dict[str, list[SFTExample]] = {}
         self.pad_id = 0
 
@@ -228,7 +245,7 @@ class SFTDataModule(L.LightningDataModule):
         """Tokenise both splits with ``tokenizer`` (the policy's, with its chat template)."""
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         for split, problems in self.problems.items():
-            self.examples[split] = sft_examples(tokenizer, problems, self.cfg, self.system_prompt, split)
+            self.examples[split] = sft_examples(tokenizer, problems, self.cfg, self.system_prompt)
 
     def setup(self, stage: str) -> None:
         trainer = self.trainer

@@ -26,13 +26,15 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lit_ppo.config import PPOActorConfig, PPOCriticConfig
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.training.fsdp import full_tensor
-from lit_ppo.utils.dist import world_max, world_sum
+from lit_ppo.utils.dist import sum_over_ranks, world_max, world_sum
 
-MicroLoss = Callable[[RolloutBatch, torch.Tensor, float, float, int],
-                     tuple[torch.Tensor, dict[str, dict[str, torch.Tensor]]]]
+Statistics = dict[str, dict[str, tuple[torch.Tensor | float, torch.Tensor | float | None]]]
+"""A micro-batch's statistics by metric group (``{"actor": {name: (value, tokens)}}``): a mean over ``tokens``
+tokens, or, with ``tokens`` None, the micro-batch's share of a minibatch total (a term of the loss)."""
+MicroLoss = Callable[[RolloutBatch, torch.Tensor, float, float, int], tuple[torch.Tensor, Statistics]]
 """``micro_loss(sub_batch, rows, n_tokens, n_seqs, minibatch)``: the loss of the micro-batch ``sub_batch``
 (rows ``rows`` of the batch) as its share of its minibatch's, which holds ``n_tokens`` loss tokens and
-``n_seqs`` sequences over all ranks, and its statistics by metric group (``{"actor": {...}}``)."""
+``n_seqs`` sequences over all ranks, and its ``Statistics``; ``<prefix>/loss`` is the loss itself."""
 
 
 def balanced_partition(weights: list[int], parts: int) -> list[list[int]]:
@@ -73,7 +75,8 @@ def equalised_micro_batches(rows: list[int], lengths: list[int], max_tokens: int
 
 @dataclass
 class MetricSum:
-    """Token-weighted running sums of per-micro-batch statistics."""
+    """Weighted running sums of statistics: a mean of each micro-batch weighted by the tokens it is a mean
+    over, so that the sum's mean is the statistic over all of them; a minibatch total weighted by 1."""
 
     sums: dict[str, float] = field(default_factory=dict)
     weights: dict[str, float] = field(default_factory=dict)
@@ -192,6 +195,7 @@ def optimize(batch: RolloutBatch, micro_loss: MicroLoss, cfg: PPOActorConfig | P
         n_seqs = world_sum(int((tokens[rows] > 0).sum()), device)
         step_sums = MetricSum()  # kept only if the step is applied: metrics describe updates made
         loss_sum = torch.zeros((), device=device)
+        shares: dict[tuple[str, str], float] = {}  # (group, name) -> a loss term's total over the micro-batches
         for mb_rows in equalised_micro_batches(rows, lengths, cfg.mb_max_tokens, device):
             picked = mb_rows or rows[:1] or [0]  # an empty (padding) micro-batch reruns one row at weight 0
             loss, stats = micro_loss(batch.select(picked), torch.as_tensor(picked, device=device), n_tokens, n_seqs, i)
@@ -200,14 +204,18 @@ def optimize(batch: RolloutBatch, micro_loss: MicroLoss, cfg: PPOActorConfig | P
             # DDP/FSDP average gradients over ranks; the loss is already a global mean.
             backward(loss * world_size)
             loss_sum = loss_sum + loss.detach()
-            if mb_rows:
-                weight = float(batch.loss_mask[picked].sum())
-                for group, values in stats.items():
-                    # A micro-batch's loss is its share of the minibatch loss: added up below, not averaged.
-                    step_sums.add({k: v for k, v in values.items() if (group, k) != (prefix, "loss")}, weight, group)
-        # The minibatch loss over all ranks. Non-finite on one rank only (gradients need not be), it is
-        # non-finite in the sum too: every rank skips the step.
-        minibatch_loss = world_sum(float(loss_sum), device)
+            for group, values in stats.items():
+                for name, (value, over) in values.items():
+                    if (group, name) == (prefix, "loss"):
+                        continue  # the loss is loss_sum's
+                    if over is None:  # a padding micro-batch adds 0: every rank has the same terms to sum
+                        shares[group, name] = shares.get((group, name), 0.0) + (float(value) if mb_rows else 0.0)
+                    elif mb_rows:
+                        step_sums.add({name: value}, float(over), group)
+        # The minibatch loss and loss terms over all ranks, in one collective. A loss non-finite on one rank
+        # only (gradients need not be) is non-finite in the sum too: every rank skips the step.
+        totals = sum_over_ranks(torch.tensor([float(loss_sum), *shares.values()], dtype=torch.float64, device=device))
+        minibatch_loss, *share_totals = totals.tolist()
         last = i == len(minibatches) - 1
         grad_norm, applied = optimizer_step(optimizer, model, cfg.optimizer.gradient_clipping,
                                             counts_as_global_step=counts_as_global_step and last,
@@ -215,6 +223,8 @@ def optimize(batch: RolloutBatch, micro_loss: MicroLoss, cfg: PPOActorConfig | P
         if applied:
             sums.merge(step_sums)
             sums.add({"grad_norm": grad_norm, "loss": minibatch_loss}, 1.0, prefix)
+            for (group, name), total in zip(shares, share_totals):
+                sums.add({name: total}, 1.0, group)
         else:
             skips += 1
             rank_zero_warn(f"{prefix} optimizer step skipped at policy version {version} (minibatch "

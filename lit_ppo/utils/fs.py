@@ -3,8 +3,10 @@
 A file is written into a hidden temporary file beside it, fsynced and renamed onto it (``os.replace`` is
 atomic within one filesystem), then the directory is fsynced: whatever kills the process, the path holds
 the previous content or the new one, never a partial file. A directory is written into a hidden
-temporary directory beside it and published by renames (``replace_directory``); when a kill cuts that
-short between the renames, the next writer puts the previous content back first (``restore_interrupted``).
+temporary directory beside it and published by exchanging the two (``replace_directory``), so that its
+path holds the previous directory or the new one at every instant. Where the filesystem cannot exchange
+(``lit_ppo.utils.exchange``), it is published by two renames instead; when a kill cuts that short between
+them, the next writer puts the previous content back first (``restore_interrupted``).
 A write that the filesystem refuses is one line naming the file and the reason (``RunStopped``).
 """
 
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from lit_ppo.errors import RunStopped
+from lit_ppo.utils.exchange import exchange
 
 
 def user_path(path: str | os.PathLike) -> Path:
@@ -155,16 +158,23 @@ def temporary_directory(path: str | os.PathLike) -> str:
 
 
 def replace_directory(temp: str | os.PathLike, path: str | os.PathLike) -> None:
-    """Publish the complete directory ``temp`` as ``path``. A directory cannot be renamed onto a
-    non-empty one, so the old one moves aside first (to ``.<name>.old-<random>``): a kill between the
-    two renames leaves it there, complete, and the next writer puts it back first
-    (``restore_interrupted``; ``read_checkpoint`` names it); an error between them moves it back."""
+    """Publish the complete directory ``temp`` as ``path``. An existing ``path`` is exchanged with ``temp``
+    in one step (``lit_ppo.utils.exchange``), then its old content, now at ``temp``, is removed: a kill
+    at any point leaves the old or the new directory at ``path``, and at most a temporary directory that
+    the next writer removes (``remove_stale_directories``). Where the filesystem cannot exchange, the old
+    one moves aside first (to ``.<name>.old-<random>``), as a directory cannot be renamed onto a non-empty
+    one: a kill between the two renames leaves it there, complete, and the next writer puts it back
+    first (``restore_interrupted``; ``read_checkpoint`` names it); an error between them moves it back."""
     path = os.path.abspath(path)
     directory, name = os.path.split(path)
     for root, _, files in os.walk(temp):  # the files' data, before the renames make them visible
         for entry in files:
             with open(os.path.join(root, entry), "rb") as f:
                 os.fsync(f.fileno())
+    if os.path.lexists(path) and exchange(temp, path):
+        _fsync_directory(directory)
+        _remove(temp)
+        return
     old = None
     if os.path.lexists(path):
         old = os.path.join(directory, f".{name}.old-{secrets.token_hex(8)}")
@@ -177,7 +187,12 @@ def replace_directory(temp: str | os.PathLike, path: str | os.PathLike) -> None:
         raise
     _fsync_directory(directory)
     if old is not None:
-        shutil.rmtree(old) if os.path.isdir(old) and not os.path.islink(old) else os.unlink(old)
+        _remove(old)
+
+
+def _remove(path: str) -> None:
+    """Remove what a replaced ``path`` held: a directory with its files, or a symlink (not its target)."""
+    shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
 
 
 def restore_interrupted(path: str | os.PathLike) -> str | None:

@@ -12,7 +12,7 @@ import importlib
 import importlib.util
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 REFERENCE_PREFIX = "python:"
 """How a reference to a Python object of this process starts: ``python:<module>.<qualified name>``."""
@@ -127,3 +127,12 @@ def import_object(path: str, key: str, what: str) -> Any:
         raise ValueError(f"{key}={path!r} cannot be imported (module {module_name!r} has no {attr!r}): "
                          f"give a dotted path module.{what}")
     return getattr(module, attr)
+
+
+def import_function(path: str, key: str) -> Callable:
+    """The function at dotted ``path`` (importable from the working directory); ValueError naming
+    ``key`` if it cannot be imported or is not callable."""
+    fn = import_object(path, key, "function")
+    if not callable(fn):
+        raise ValueError(f"{key}={path!r} is not a function")
+    return fn

@@ -38,10 +38,14 @@ class _DropMessages(logging.Filter):
 
 
 def quiet_dependencies() -> None:
-    """Drop the dependency lines above (idempotent)."""
-    from transformers.utils import logging as transformers_logging
+    """Drop the dependency lines above (idempotent). Loads none of them: the checks before a run stay quick."""
+    import sys
 
-    transformers_logging.disable_progress_bar()
+    from huggingface_hub.utils import disable_progress_bars
+
+    disable_progress_bars()  # transformers takes this setting when it is imported
+    if "transformers.utils.logging" in sys.modules:  # imported already: it holds the setting of its own
+        sys.modules["transformers.utils.logging"].disable_progress_bar()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # read when vllm is first imported, after this
     # stdout is the run's own (progress, scores, the summary): what vLLM logs goes to stderr with the rest.
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
@@ -50,3 +54,25 @@ def quiet_dependencies() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropMessages) for f in logger.filters):
             logger.addFilter(_DropMessages(fragments))
+
+
+# Lightning notes about choices LitPPO makes on purpose: checkpoints hold the weights after the
+# iteration's update (what resuming needs), and the step pulls its own batch (dataloader_iter) so
+# that nothing is generated ahead of the weight push; sys.argv holds the command beside LightningCLI's
+# args on purpose (a DDP launcher re-runs it).
+EXPECTED_WARNINGS = ("Using ModelCheckpoint with manual optimization", "You are using the `dataloader_iter` step",
+                     "Found `dataloader_iter` argument", "Found .* module\\(s\\) in eval mode",
+                     "LightningCLI's args parameter is intended",
+                     "Be aware that when using `ckpt_path`, callbacks used to create the checkpoint",
+                     # A resume continues the run's own checkpoints directory (checkpoint.keep goes on there).
+                     "Checkpoint directory .* exists and is not empty",
+                     # eval/* are sums that on_validation_epoch_end all-reduces itself.
+                     "It is recommended to use `self.log\\('eval/")
+
+
+def quiet_expected_output() -> None:
+    """Silence what a run would print that says nothing to its user: the expected Lightning warnings and
+    the dependencies' logs."""
+    for message in EXPECTED_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
+    quiet_dependencies()

@@ -7,6 +7,11 @@ without unwinding and turn SIGINT into a traceback with exit code 1. During trai
 (lit_ppo.callbacks.graceful_stop) replaces these handlers and stops at an iteration boundary instead;
 both record the signal here, so ``received_signal`` answers for the whole command.
 
+A process started by another lit_ppo command (a sweep's fit) stops the same way, on SIGTERM sent to itself once,
+when that command ends however it ends (SIGKILL, the OOM killer): it watches a pipe whose only writer is the
+starting process (``STOP_WITH_PIPE_ENV``), which closes when the last of its threads ends. A parent death signal
+(``PR_SET_PDEATHSIG``) would come again each time a thread of the dying parent hands the child on to another.
+
 A failure that leaves the trained state intact (the tracking store failing, lit_ppo.run.loggers) is
 recorded with ``fail_after_iteration``: training stops at the next iteration boundary with
 ``last.ckpt``, as on a signal, and the command then fails with that one line (exit code 1).
@@ -15,11 +20,15 @@ recorded with ``fail_after_iteration``: training stops at the next iteration bou
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from typing import Iterator
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+STOP_WITH_PIPE_ENV = "LIT_PPO_STOP_WITH_PIPE"
+"""The file descriptor of a pipe's read end that this process inherited from the command that started it: at its
+end of file, that command has ended, and this one stops as on SIGTERM (``stop_with_pipe``)."""
 _received: list[int] = []  # signals are per process, and so is the record of one
 _failures: list[str] = []
 
@@ -80,14 +89,35 @@ def _raise_stopped(signum: int, frame) -> None:
     raise Stopped(signum)
 
 
+def stop_with_pipe() -> None:
+    """Send this process SIGTERM once the pipe of ``STOP_WITH_PIPE_ENV`` (if it was given one) reaches its end
+    of file, from a daemon thread that waits for it. The variable is taken out of the environment: the processes
+    this one starts do not inherit the descriptor."""
+    fd = os.environ.pop(STOP_WITH_PIPE_ENV, None)
+    if fd is None:
+        return
+
+    def watch() -> None:
+        try:
+            while os.read(int(fd), 1):  # nothing is written: the read returns b"" when the writer has ended
+                pass
+        except (OSError, ValueError):  # no descriptor of this process: nothing to watch
+            return
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="lit_ppo-stop-with-pipe", daemon=True).start()
+
+
 @contextlib.contextmanager
 def exit_on_signals() -> Iterator[None]:
     """Within the block, a stop signal raises ``Stopped`` in the main thread (elsewhere: no change,
-    Python delivers signals to the main thread only)."""
+    Python delivers signals to the main thread only); so does the end of the command that started this process
+    (``stop_with_pipe``)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {signum: signal.signal(signum, _raise_stopped) for signum in SIGNALS}
+    stop_with_pipe()
     try:
         yield
     finally:

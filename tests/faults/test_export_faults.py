@@ -1,5 +1,7 @@
 """Export faults on a real trained checkpoint: an --output that would replace what export reads, a
-SIGKILL in the middle of the write, the modes of the written files, a place that is read-only or full."""
+SIGKILL in the middle of the write or at any point of publishing over the old --output (a model
+directory stands there at every instant), the modes of the written files, a place that is read-only or
+full."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -329,11 +333,118 @@ def test_fit_refuses_an_end_export_over_the_runs_own_files_when_it_starts(tmp_pa
     assert trainer.global_step == 0 and files(tmp_path) == before
 
 
-# The export's own process, held once it has set the old --output aside and before it renames the new
-# one into its place: the kill lands between the two renames.
+# The export's own process, held at a point of publishing its new --output over the old one (argv[1]):
+# "exchanging", its new directory complete and about to be exchanged with the old one; "exchanged", just
+# after; "removing", the old content (now in the temporary directory) partly removed.
+HELD_AT = """
+import os
+import shutil
+import sys
+
+import lit_ppo.utils.fs as fs
+
+point = sys.argv[1]
+exchange, rmtree = fs.exchange, shutil.rmtree
+exchanged = []
+
+
+def hold(path):
+    print(point, path, flush=True)
+    sys.stdin.readline()
+
+
+def exchange_and_hold(temp, path):
+    if point == "exchanging":
+        hold(temp)
+    assert exchange(temp, path)
+    exchanged.append(temp)
+    if point == "exchanged":
+        hold(temp)
+    return True
+
+
+def rmtree_and_hold(path, *args, **kwargs):
+    if point == "removing" and path in exchanged:
+        os.unlink(os.path.join(path, sorted(os.listdir(path))[0]))
+        hold(path)
+    rmtree(path, *args, **kwargs)
+
+
+fs.exchange = exchange_and_hold
+shutil.rmtree = rmtree_and_hold
+from lit_ppo.__main__ import main
+sys.exit(main(sys.argv[2:]))
+"""
+KILL_POINTS = {"exchanging": "old", "exchanged": "new", "removing": "new"}
+"""Where the kill lands, and which model it leaves at --output."""
+
+
+def exchanges_here(tmp_path: Path) -> bool:
+    """Whether the filesystem of ``tmp_path`` can exchange two directories (lit_ppo.utils.exchange)."""
+    from lit_ppo.utils.exchange import exchange
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    try:
+        return exchange(tmp_path / "a", tmp_path / "b")
+    finally:
+        (tmp_path / "a").rmdir()
+        (tmp_path / "b").rmdir()
+
+
+def test_an_export_killed_while_publishing_leaves_a_complete_model_at_its_output_at_every_instant(
+        trained, tmp_path, export_here):
+    if not exchanges_here(tmp_path):
+        pytest.skip("the filesystem of the tests cannot exchange two directories (lit_ppo.utils.exchange)")
+    output = tmp_path / "exported"
+    code, err = export_here("--output", str(output))
+    assert code == 0, err
+    new = files(output)  # what every export of this checkpoint writes
+    seen, stop = [], threading.Event()
+
+    def watch() -> None:  # --output as a reader sees it, polled through every export below
+        while not stop.is_set():
+            try:
+                seen.append(frozenset(os.listdir(output)))
+            except FileNotFoundError:
+                seen.append(None)
+            time.sleep(0.0002)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        for point, left in KILL_POINTS.items():
+            (output / "notes.txt").write_text(f"before the kill at {point}")  # tells the old model from the new
+            old = files(output)
+            child = subprocess.Popen(
+                [sys.executable, "-c", HELD_AT, point, "export", "--ckpt_path", str(trained.ckpt), "--output",
+                 str(output), "--overwrite"], env={**os.environ, "LIT_PPO_CACHE": str(trained.cwd / "cache")},
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                line = child.stdout.readline()
+                assert line.startswith(f"{point} "), child.communicate(timeout=60)[1][-3000:]
+                sigkill(child)
+            finally:
+                reap(child)
+            assert files(output) == (old if left == "old" else new), point
+        # The next export finds the model in place (nothing to put back) and removes what the kills left.
+        assert leftovers(output) != []
+        code, err = export_here("--output", str(output), "--overwrite")
+        assert code == 0 and err == ""
+    finally:
+        stop.set()
+        watcher.join()
+    assert files(output) == new and leftovers(output) == []
+    assert len(seen) > 100 and set(seen) == {frozenset(new), frozenset(new) | {"notes.txt"}}
+
+
+# The export's own process on a filesystem that cannot exchange, held once it has set the old --output
+# aside and before it renames the new one into its place: the kill lands between the two renames.
 HELD_BETWEEN_RENAMES = """
 import os
 import sys
+
+import lit_ppo.utils.fs as fs
 
 rename = os.rename
 
@@ -344,12 +455,14 @@ def rename_and_hold(source, destination, *args, **kwargs):
         sys.stdin.readline()
 
 os.rename = rename_and_hold
+fs.exchange = lambda first, second: False
 from lit_ppo.__main__ import main
 sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_an_export_killed_between_its_renames_gets_the_old_output_back_from_the_next(trained, tmp_path, export_here):
+def test_without_an_exchange_an_export_killed_between_its_renames_gets_the_old_output_back_from_the_next(
+        trained, tmp_path, export_here):
     output = tmp_path / "exported"
     output.mkdir()
     (output / "notes.txt").write_text("mine")

@@ -28,7 +28,8 @@ def test_a_reward_that_fails_on_the_test_split_keeps_the_finished_run(tmp_path):
     done = run_cli(["fit", "logger=none", "trainer.max_steps=2", "data.batch_size=2", "gconfig.n_samples=2",
                     "eval.max_problems=4", "gconfig.max_new_tokens=4", "data=dataset",
                     "data.task_kwargs.train_path=train.jsonl", "data.task_kwargs.test_path=test.jsonl",
-                    "data.task_kwargs.reward_fns=[my_rewards.correct]"], tmp_path, env={"PYTHONPATH": str(tmp_path)})
+                    "data.task_kwargs.reward_fns=[my_rewards.correct]", "eval.before_training=false"], tmp_path,
+                   env={"PYTHONPATH": str(tmp_path)})
     assert done.returncode == 1, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "raised KeyError" in errors[0] and "'hint'" in errors[0], done.stderr[-3000:]

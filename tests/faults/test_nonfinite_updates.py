@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lit_ppo.algos.surrogates import POLICY_LOSSES, ppo_clip_surrogate
-from lit_ppo.config import GenerationConfig, ModelConfig, NormConfig, PPOActorConfig, PPOCriticConfig
+from lit_ppo.config import EvalConfig, GenerationConfig, ModelConfig, NormConfig, PPOActorConfig, PPOCriticConfig
 from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.training.module import LitPPO
 
@@ -85,8 +85,10 @@ def make(model_cache: str, faults: Faults, critic: PPOCriticConfig | None = None
                               **actor_kwargs})
     module = LitPPO(ModelConfig(cache_dir=model_cache), actor, critic, algo="test")
     faults.module = module
+    # No evaluation before training: these fits look at the updates (it would cost 2-5 s a fit).
     data = RolloutDataModule(batch_size=4, gconfig=GenerationConfig(n_samples=4, max_new_tokens=4,
-                                                                    restrict_to_task_tokens=True))
+                                                                    restrict_to_task_tokens=True),
+                             eval=EvalConfig(before_training=False))
     return module, data
 
 

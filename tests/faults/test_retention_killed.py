@@ -1,5 +1,6 @@
 """A fit killed between writing a periodic checkpoint and removing the one it replaces
-(``checkpoint.keep=1`` then holds two): resumed from the newest, retention converges the next time it
+(``checkpoint.keep=1`` then holds two, and ``last.ckpt`` the iteration before): resumed with ``--ckpt_path
+last``, it goes on from the newest in the same run directory, and retention converges the next time it
 drops a checkpoint, the one left behind included (Lightning keeps the checkpoint a resume started
 from until then)."""
 
@@ -53,7 +54,8 @@ def test_retention_killed_midway_converges_when_it_next_drops_a_checkpoint(tmp_p
     directory = run_dir(tmp_path)
     # Iteration 4 written, iteration 2 not yet removed; last.ckpt still holds iteration 2.
     assert kept(directory) == {"epoch=0-step=2.ckpt": 2, "epoch=0-step=4.ckpt": 4, "last.ckpt": 2}
-    resumed = run_cli(["fit", *ARGS, "trainer.max_steps=8", "--ckpt_path",
-                       str(directory / "checkpoints" / "epoch=0-step=4.ckpt")], tmp_path)
+    # `last` is the run's newest state, iteration 4: the run goes on in its directory, not branched from 2.
+    resumed = run_cli(["fit", *ARGS, "trainer.max_steps=8", "--ckpt_path", "last"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "branches" not in resumed.stderr and [run_dir(tmp_path)] == [directory]
     assert kept(directory) == {"epoch=0-step=8.ckpt": 8, "last.ckpt": 8}

@@ -111,10 +111,10 @@ def test_an_in_memory_tracking_store_is_refused(capsys, tmp_path, monkeypatch, u
 
 
 def test_slurm_log_paths_with_spaces_are_quoted(tmp_path, monkeypatch, capsys):
-    import lit_ppo.launch.run as launch_run
+    import lit_ppo.launch.lightning_cli as lightning_cli
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(launch_run, "LitPPOCLI", None)  # nothing is instantiated
+    monkeypatch.setattr(lightning_cli, "LitPPOCLI", None)  # nothing is instantiated
     root = tmp_path / "my runs" / "50%"
     assert main(["fit", "logger=none", f"trainer.default_root_dir='{root}'", "scheduler=slurm",
                  "scheduler.dry_run=true"]) == 0

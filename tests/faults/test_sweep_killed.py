@@ -1,5 +1,5 @@
 """A sweep killed with SIGKILL (as the OOM killer kills) takes its running fit with it: the fit gets
-SIGTERM, saves last.ckpt of its last completed iteration, marks its MLflow run KILLED, exits 143 and
+one SIGTERM, saves last.ckpt of its last completed iteration, marks its MLflow run KILLED, exits 143 and
 frees its run directory, instead of training on alone."""
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ def test_a_sigkilled_sweep_stops_its_fit_which_saves_and_frees_its_run(tmp_path)
                  "second iteration", 300)
         assert sweep.poll() is None, "the sweep ended early"
         (fit,) = children(sweep.pid)
+        # The fit writes its stderr to a file that only the sweep reads: opened here, it is read after the sweep.
+        fit_stderr = open(f"/proc/{fit}/fd/2", "rb")
         sweep.send_signal(signal.SIGKILL)
         assert sweep.wait(timeout=10) == -signal.SIGKILL
         ended = []  # the fit is now this process's child (subreaper): its exit status can be read
@@ -72,6 +74,12 @@ def test_a_sigkilled_sweep_stops_its_fit_which_saves_and_frees_its_run(tmp_path)
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
 
+    with fit_stderr:
+        said = fit_stderr.read().decode()
+    # One SIGTERM, however the sweep's threads ended: the iteration in flight finished, none was abandoned.
+    received = [line for line in said.splitlines() if line.startswith("received SIGTERM")]
+    assert len(received) == 1 and received[0].startswith("received SIGTERM: finishing iteration "), said[-3000:]
+    assert "stopped by SIGTERM after iteration" in said, said[-3000:]
     (ckpt,) = tmp_path.glob("runs/killed/*/checkpoints/last.ckpt")
     step = torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"]
     assert 1 <= step < 200

@@ -77,13 +77,14 @@ def test_an_agent_over_http_trains_under_ddp_each_rank_with_its_own_endpoint(cli
     assert result.returncode == 0, result.stderr[-3000:]
     served = [line.split() for line in log.read_text().splitlines()]
     # Two ranks, each a process with an endpoint of its own; 2 iterations x 4 groups x 4 episodes per rank
-    # and the evaluation's 4 problems (greedy and 4 samples each), shared between the ranks.
+    # and the two evaluations' (before training and at the end) 4 problems (greedy and 4 samples each), shared
+    # between the ranks.
     assert len({pid for pid, _ in served}) == 2
     ports = {pid: {url for p, url in served if p == pid} for pid, _ in served}
     assert all(url.startswith("http://127.0.0.1:") for urls in ports.values() for url in urls)
     first, second = ports.values()
     assert not first & second
-    assert len(served) == 2 * 2 * 4 * 4 + 4 * 5
+    assert len(served) == 2 * 2 * 4 * 4 + 2 * 4 * 5
 
 
 @pytest.mark.slow
@@ -106,7 +107,7 @@ def test_the_python_api_takes_the_agent_function_itself(tmp_path, monkeypatch):
     config = lit_ppo.compose("data=agent", *FAST, values={"data.task_kwargs.agent": solve})
     result = lit_ppo.fit(config)
     assert result.stopped_by is None and result.model_dir is not None
-    assert len(played) == 2 * 4 * 4 + 4 * 5  # the training episodes and the evaluation's
+    assert len(played) == 2 * 4 * 4 + 2 * 4 * 5  # the training episodes and the two evaluations' (before, end)
     assert "eval/accuracy" in result.metrics
 
 
@@ -142,8 +143,8 @@ def test_sigterm_with_episodes_in_flight_finishes_the_iteration_and_exits_143(tm
     proc = subprocess.Popen([sys.executable, "-m", "lit_ppo", "fit", "data=agent",
                              "data.task_kwargs.agent=slow_agent.solve", "logger=none", "trainer.max_steps=6",
                              "data.batch_size=4", "gconfig.n_samples=4", "data.episodes_in_flight=4",
-                             "eval.max_problems=4"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                             "eval.max_problems=4", "eval.before_training=false"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         import time
 

@@ -13,6 +13,9 @@ from .conftest import FAST, run_dir
 
 PRESETS = group_options("algo")
 IN_A_SUBPROCESS = ("grpo", "ppo")
+WITH_A_REFERENCE = {"reinforce_plus_plus": "reference model", "reinforce_plus_plus_baseline": "reference model",
+                    "opd": "teacher", "kdrl": "teacher"}
+"""The presets that build a reference (actor.kl_ctl or actor.kl_loss_coef > 0) -> what it is."""
 
 
 def iterations_done(cwd) -> int:
@@ -29,7 +32,8 @@ def test_preset_fits_two_iterations(cli, cli_here, preset, request, capfd):
              "kdrl": [f"model.teacher={request.getfixturevalue('teacher')}"]}.get(preset, [])
     capfd.readouterr()  # building the teacher is the test's own output, not the run's
     subprocess_ = preset in IN_A_SUBPROCESS
-    result = (cli if subprocess_ else cli_here)("fit", f"algo={preset}", *FAST, *extra)
+    # Each preset trains here; the untrained policy's evaluation is another test's (test_compare_sweep).
+    result = (cli if subprocess_ else cli_here)("fit", f"algo={preset}", *FAST, "eval.before_training=false", *extra)
     assert result.returncode == 0, result.stderr[-3000:]
     if subprocess_:  # Lightning logs through a handler made at import, which pytest's capture does not see
         assert "`Trainer.fit` stopped: `max_steps=2` reached." in result.stderr + result.stdout
@@ -37,7 +41,17 @@ def test_preset_fits_two_iterations(cli, cli_here, preset, request, capfd):
     # Piped output: one plain progress line per iteration, and no dependency noise.
     lines = [line for line in result.stdout.splitlines() if line.startswith("iteration ")]
     assert [line.split()[1] for line in lines] == ["1/2", "2/2"], result.stdout
-    assert all(f" {name} " in lines[-1] for name in ("reward", "kl", "entropy", "length", "s/it")), lines[-1]
+    assert all(f" {name} " in lines[-1] for name in ("reward", "approx_kl", "entropy", "length", "s/it")), lines[-1]
+    # TRL's kl (the KL to the reference or teacher) beside the policy's change, on the console and in the summary.
+    reference = WITH_A_REFERENCE.get(preset)
+    assert (" kl " in lines[-1]) == (reference is not None), lines[-1]
+    summary = result.stdout.splitlines()[result.stdout.splitlines().index("run summary"):]
+    assert any(line.startswith("  approx_kl ") and line.endswith("the policy's change per update (actor/approx_kl)")
+               for line in summary), summary
+    kl_rows = [line for line in summary if line.startswith("  kl ")]
+    assert len(kl_rows) == (reference is not None), summary
+    assert all(row.endswith(f"KL to the {reference}, TRL's kl (actor/kl_ref)") for row in kl_rows), kl_rows
+    assert "eval at iteration 0" not in result.stdout  # eval.before_training=false
     for noise in ("litlogger", "LeafSpec", "Loading weights", "Failed to load weights"):
         assert noise not in result.stderr, noise
     config = (run_dir(cli.cwd) / "config.yaml").read_text()
@@ -49,6 +63,8 @@ def test_ppo_with_kl_reference_and_rejection_group(cli_here):
     result = cli_here("fit", "algo=ppo", "rejection=icepop", "actor.kl_ctl=0.05", "+actor.kl_estimator=k3", *FAST)
     assert result.returncode == 0, result.stderr[-3000:]
     assert iterations_done(cli_here.cwd) == 2
+    last = [line for line in result.stdout.splitlines() if line.startswith("iteration ")][-1]
+    assert " kl " in last and " approx_kl " in last, last  # the KL to the reference beside the policy's change
 
 
 @pytest.mark.slow

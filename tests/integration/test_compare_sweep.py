@@ -18,7 +18,7 @@ TRACKED = [arg for arg in FAST if not arg.startswith(("logger=", "data.batch_siz
     "data.batch_size=2", "gconfig.n_samples=2"]
 MAX_STEPS = int(next(arg.split("=")[1] for arg in FAST if arg.startswith("trainer.max_steps=")))
 COLUMNS = ["run", "id", "algo", "seed", "iterations", "final reward", "best reward", "eval accuracy", "it/s", "kl",
-           "clip fraction", "entropy"]
+           "approx_kl", "clip fraction", "entropy"]
 
 
 def table(stdout: str) -> dict[str, dict[str, str]]:
@@ -82,9 +82,13 @@ def test_sweep_table_holds_the_values_mlflow_recorded(swept):
         assert float(row["best reward"]) == pytest.approx(max(rewards), rel=1e-3)
         assert float(row["eval accuracy"]) == pytest.approx(history(swept.client, run_id, "eval/accuracy")[-1],
                                                             abs=1e-3)
-        for column, metric in (("kl", "actor/approx_kl"), ("clip fraction", "actor/clip_fraction"),
+        # eval.before_training: the untrained policy's scores at iteration 0, then the final evaluation's.
+        evaluated = sorted(m.step for m in swept.client.get_metric_history(run_id, "eval/accuracy"))
+        assert evaluated == [0, MAX_STEPS]
+        for column, metric in (("approx_kl", "actor/approx_kl"), ("clip fraction", "actor/clip_fraction"),
                                ("entropy", "actor/entropy")):
             assert float(row[column]) == pytest.approx(history(swept.client, run_id, metric)[-1], rel=1e-3)
+        assert row["kl"] == "-"  # no reference model: no KL to it
         assert float(row["it/s"]) > 0
         assert (row["algo"], row["seed"]) == (run.data.params["algo"], run.data.params["seed"])
 

@@ -27,16 +27,18 @@ def mlflow_history(demo_run) -> dict[str, list[tuple[int, float]]]:
                                                      key=lambda m: m.step)] for key in EVAL_KEYS}
 
 
-def test_fit_scores_the_test_split_every_20_iterations_and_at_the_end(demo_run):
+def test_fit_scores_the_test_split_before_training_every_20_iterations_and_at_the_end(demo_run):
     history = mlflow_history(demo_run)
-    # trainer.val_check_interval=20 of the cpu preset; iteration 100 is both a check and the end: once.
+    # eval.before_training at iteration 0; trainer.val_check_interval=20 of the cpu preset; iteration 100 is both a
+    # check and the end: once.
     steps = [step for step, _ in history["eval/accuracy"]]
-    assert steps == [20, 40, 60, 80, 100], steps  # MLflow's steps are the iterations as printed
+    assert steps == [0, 20, 40, 60, 80, 100], steps  # MLflow's steps are the iterations as printed
     assert all(history[key] and [s for s, _ in history[key]] == steps for key in EVAL_KEYS)
     assert all(value == 200 for _, value in history["eval/problems"])  # the arithmetic test split, whole
     # One plain line per evaluation on a non-terminal stdout.
     lines = re.findall(r"^eval at iteration (\d+): accuracy ([0-9.]+) ", demo_run.stdout, re.M)
-    assert [int(i) for i, _ in lines] == [20, 40, 60, 80, 100], demo_run.stdout[-2000:]
+    assert [int(i) for i, _ in lines] == [0, 20, 40, 60, 80, 100], demo_run.stdout[-2000:]
+    assert demo_run.stdout.index("eval at iteration 0:") < demo_run.stdout.index("iteration 1/100 ")
     for (_, printed), (_, logged) in zip(lines, history["eval/accuracy"]):
         assert float(printed) == pytest.approx(logged, abs=5e-3)
 
@@ -45,7 +47,12 @@ def test_trained_accuracy_is_far_above_the_untrained_model(demo_run, tmp_path):
     untrained = run_cli(["validate", "logger=none"], tmp_path, timeout=300)  # the same config, no checkpoint
     assert untrained.returncode == 0, untrained.stderr[-3000:]
     before = printed_scores(untrained.stdout)["eval/accuracy"]
-    after = mlflow_history(demo_run)["eval/accuracy"][-1][1]
+    # The fit's own score at iteration 0 is the untrained model's: the same problems, seeds and engine.
+    history = mlflow_history(demo_run)
+    assert {key: values[0] for key, values in history.items()} == {
+        key: (0, pytest.approx(value, abs=1e-6)) for key, value in printed_scores(untrained.stdout).items()
+        if key in history}
+    after = history["eval/accuracy"][-1][1]
     assert before < 0.2 and after > 0.8 and after - before > 0.6, (before, after)
     # pass@k >= accuracy of one sample on average (mean@k), by definition.
     final = {key: values[-1][1] for key, values in mlflow_history(demo_run).items()}

@@ -18,7 +18,7 @@ import psutil
 import pytest
 import torch
 
-import lit_ppo.launch.run as launch_run
+import lit_ppo.launch.lightning_cli as lightning_cli
 from lit_ppo.__main__ import main
 
 from .conftest import FAST, REPO, wait_for_text
@@ -49,7 +49,7 @@ def _closed_port() -> int:
 ])
 def test_bad_settings_are_one_line_and_exit_2(args, expected, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(launch_run, "LitPPOCLI", None)  # nothing is instantiated: no model loads
+    monkeypatch.setattr(lightning_cli, "LitPPOCLI", None)  # nothing is instantiated: no model loads
     assert main(["fit", "logger=none", "scheduler=ray", *args]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: " + expected), err

@@ -119,12 +119,12 @@ def test_the_fit_that_sft_offers_learns_from_its_model(sft_run, cli_here):
     (["data=dataset", "data.task_kwargs.train_path=sums.jsonl", "sft.epochs=0"],
      "error: sft.epochs=0 is invalid: must be a positive integer"),
     (["data=dataset", "data.task_kwargs.train_path=sums.jsonl", "sft.completion_key=answer"],
-     "error: the train split's row 0 has no completion: give a 'answer' column (sft.completion_key; its columns: "
+     "error: sums.jsonl line 1 has no completion: give a 'answer' column (sft.completion_key; its columns: "
      "completion), assistant messages in its prompt, or sft.completion_template (e.g. '<answer>{answer}</answer>')"),
     (["data=dataset"], "error: data.task_kwargs.train_path is required: give data.task_kwargs.train_path=<value>"),
     (["data=dataset", "data.task_kwargs.train_path=missing.jsonl"],
      "error: data.task_kwargs.train_path='missing.jsonl': no such file or directory"),
-    (["sft.max_length=3"], "error: the train split's row 0 has no completion"),
+    (["sft.max_length=3"], "error: data.task=arithmetic problems('train')[0] has no completion"),
     (["data=dataset", "data.task_kwargs.train_path=sums.jsonl", "trainer=fsdp"],
      "error: trainer.strategy="),
     (["data=dataset", "data.task_kwargs.train_path=sums.jsonl", "scheduler=slurm"],

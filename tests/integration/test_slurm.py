@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import lit_ppo.launch.run as launch_run
+import lit_ppo.launch.lightning_cli as lightning_cli
 from lit_ppo.__main__ import main
 
 from .conftest import FAST, REPO, wait_for_text
@@ -51,7 +51,7 @@ def dry_run(capsys, *args: str) -> tuple[Path, str, list[str]]:
 
 def test_script_has_the_allocation_and_the_same_fit(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(launch_run, "LitPPOCLI", None)  # nothing is instantiated: no model loads
+    monkeypatch.setattr(lightning_cli, "LitPPOCLI", None)  # nothing is instantiated: no model loads
     path, text, sbatch = dry_run(capsys, "algo=rloo", "logger=none", "actor.eps_clip=0.3", "scheduler.nodes=2",
                                  "scheduler.gpus_per_node=8", "scheduler.cpus_per_task=12", "scheduler.time=1-00:00",
                                  "scheduler.partition=gpu", "scheduler.account=rl", "scheduler.job_name=rloo",
@@ -77,7 +77,7 @@ def test_script_has_the_allocation_and_the_same_fit(tmp_path, monkeypatch, capsy
 def test_a_gpu_job_trains_in_bf16_and_the_submission_says_what_to_know(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.setattr(launch_run, "LitPPOCLI", None)
+    monkeypatch.setattr(lightning_cli, "LitPPOCLI", None)
 
     def submitted(*args: str) -> tuple[str, list[str]]:
         assert main(["fit", *args, "scheduler=slurm", "scheduler.dry_run=true"]) == 0

@@ -6,7 +6,7 @@ import lightning as L
 import pytest
 import torch
 
-from lit_ppo.config import GenerationConfig, ModelConfig, NormConfig, PPOActorConfig, PPOCriticConfig
+from lit_ppo.config import EvalConfig, GenerationConfig, ModelConfig, NormConfig, PPOActorConfig, PPOCriticConfig
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.training.guards import check_staleness
@@ -32,7 +32,9 @@ def make(tmp_path, actor: PPOActorConfig | None = None, critic: PPOCriticConfig 
     actor = actor or PPOActorConfig(kl_ctl=0.0, ppo_n_minibatches=2, reward_norm=GROUP, entropy_coef=0.01,
                                     optimizer={"lr": 1e-3})
     module = LitPPO(ModelConfig(cache_dir=str(tmp_path / "cache")), actor, critic, algo="test")
-    data = dict(batch_size=4, gconfig=GenerationConfig(n_samples=4, max_new_tokens=4, restrict_to_task_tokens=True))
+    # No evaluation before training: these fits look at the iterations (it would cost 2-5 s a fit).
+    data = dict(batch_size=4, gconfig=GenerationConfig(n_samples=4, max_new_tokens=4, restrict_to_task_tokens=True),
+                eval=EvalConfig(before_training=False))
     data.update(data_kwargs)
     return module, RolloutDataModule(**data)
 

@@ -53,7 +53,8 @@ def test_trl_reward_functions_train_unchanged_and_are_logged_one_by_one(user_dir
     result = run_cli(["fit", *SMALL, "logger=csv", "data.task_kwargs.test_path=test.jsonl",
                       "data.task_kwargs.reward_fns=[trl.rewards.accuracy_reward,trl.rewards.think_format_reward,"
                       "my_rewards.format_reward,my_rewards.length_reward]",
-                      "data.task_kwargs.reward_weights=[1.0,1.0,1.0,0.0]"], user_dir, timeout=300)
+                      "data.task_kwargs.reward_weights=[1.0,1.0,1.0,0.0]", "eval.before_training=false"], user_dir,
+                     timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     calls = [json.loads(line) for line in (user_dir / "length_calls.jsonl").read_text().splitlines()]
     # Training: 2 groups of 2 per iteration, at global steps 0 and 1; then the final evaluation at step 2.

@@ -70,8 +70,9 @@ def test_the_command_line_runs_first_try(user_dir):
     for row in trained:
         parts = float(row["rollout/rewards/format_reward/mean"]) + float(row["rollout/rewards/accuracy_reward/mean"])
         assert float(row["rollout/reward_mean"]) == pytest.approx(parts)  # weights 1 and 1
-    (scored,) = [r for r in rows if r["eval/accuracy"]]
-    assert float(scored["eval/accuracy"]) == float(scored["eval/rewards/accuracy_reward/mean"])
+    scored = [r for r in rows if r["eval/accuracy"]]
+    assert [int(float(r["step"])) for r in scored] == [0, 2]  # the untrained policy's scores, then the final ones
+    assert all(float(r["eval/accuracy"]) == float(r["eval/rewards/accuracy_reward/mean"]) for r in scored)
 
 
 def test_the_python_script_runs_first_try(user_dir):

@@ -186,9 +186,11 @@ def test_the_math_models_and_tasks_load_no_lightning(package):
 
 
 @pytest.mark.parametrize("module", ["lit_ppo.config", "lit_ppo.launch.presets", "lit_ppo.launch.compose",
-                                    "lit_ppo.cli.help", "lit_ppo.cli.fit"])
+                                    "lit_ppo.cli.help", "lit_ppo.cli.fit", "lit_ppo.cli.reporting",
+                                    "lit_ppo.launch.run", "lit_ppo.launch.check", "lit_ppo.tasks"])
 def test_the_configs_presets_and_help_load_no_torch(module):
-    # `fit --help` and the composition of presets stay fast: no torch, no Lightning, no transformers.
+    # `fit --help`, the composition of presets and the checks before a run stay fast: no torch, no Lightning,
+    # no transformers until a check needs one (lit_ppo.launch.check).
     code = (f"import sys, {module}; loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
             f"('torch', 'lightning', 'transformers')); print(loaded[:3]); sys.exit(bool(loaded))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)

@@ -17,10 +17,12 @@ the run; the batch's ``rollout/drifted_calls`` counts them. An agent may instead
 ``{'turn_rewards': [r_0, r_1, ...]}`` (one per call that returned, in call order): each call is then a
 sample of its own (its prompt, the earlier turns included, as context), with its return
 ``G_k = r_k + turn_discount * G_(k+1)``, as the agent exports of AReaL and SkyRL's step-wise samples do.
-An agent that raises, runs past its timeout,
+An agent that raises (``sys.exit()`` and KeyboardInterrupt included), runs past its timeout,
 returns something that is not a reward or never calls the client fails its episode in one line naming
 the agent, the problem and what to do; ``on_invalid_reward`` decides: stop the run ('error'), or drop
-the problem's group ('drop').
+the problem's group ('drop'). The episodes' event loop runs in a thread of its own, watched
+(``lit_ppo.utils.watched_loop``): an ``async def`` agent that blocks it past the timeout stops the run, and a
+stop signal reaches the main thread at once.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from lit_ppo.tasks.agent import describe_agent
 from lit_ppo.tasks.base import AgentTask, Problem, is_agent, task_name
 from lit_ppo.utils.imports import describe
 from lit_ppo.utils.text import shorten
+from lit_ppo.utils.watched_loop import LoopBlocked, run_watched
 
 
 class AgentFailed(Exception):
@@ -86,20 +89,24 @@ class AgentWorkflow:
         self.on_invalid_reward = rollout.on_invalid_reward
         self.one_row_per_episode = evaluating
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.endpoint: ChatEndpoint | None = None
-        """The HTTP endpoint of the ``run`` in progress; None between runs (its port is freed)."""
 
     def run(self, engine: RolloutEngine, problems: list[Problem], *, seed: int | None = None) -> RolloutBatch:
         """Play ``params.n`` episodes per problem and lay their samples out, grouped by problem; the batch's
         ``metrics`` count the drifted calls (``rollout/drifted_calls``)."""
         base_seed = self.params.seed if seed is None else seed
         plays = [(problem, i * self.params.n + k) for i, problem in enumerate(problems) for k in range(self.params.n)]
-        self.endpoint = ChatEndpoint()
-        try:
-            results = asyncio.run(self._play_all(engine, plays, base_seed))
-        finally:
-            self.endpoint.close()
-            self.endpoint = None
+        # The episodes' loop runs in a thread of its own, watched: an async agent that blocks it would hold back
+        # every timeout on it. Each episode holds the endpoint itself: one abandoned in a blocked loop closes
+        # its entry whenever it ends, on the closed endpoint.
+        with ChatEndpoint() as endpoint:
+            try:
+                results = run_watched(self._play_all(engine, endpoint, plays, base_seed), self.timeout_s)
+            except LoopBlocked:
+                raise RunStopped(f"agent {describe_agent(self.task.agent)} blocked the event loop of its episodes "
+                                 f"for more than data.episode_timeout_s={self.timeout_s:g} s (an async def agent "
+                                 f"that calls time.sleep or blocking I/O), which stops every episode on it: await "
+                                 f"instead (asyncio.sleep, an async client), or make it a plain def, which runs in "
+                                 f"a thread of its own") from None
         episodes, group_sizes = [], []
         for i, problem in enumerate(problems):
             group = []
@@ -126,7 +133,7 @@ class AgentWorkflow:
         samples = client.episodes(drifted=self.on_drift != "last") or [_empty(problem)]
         return [(episode, reward) for episode in (samples[-1:] if self.one_row_per_episode else samples)]
 
-    async def _play_all(self, engine: RolloutEngine, plays: list[tuple[Problem, int]],
+    async def _play_all(self, engine: RolloutEngine, endpoint: ChatEndpoint, plays: list[tuple[Problem, int]],
                         seed: int | None) -> list[tuple[EngineChatClient, float | list[float]]]:
         slots = asyncio.Semaphore(self.episodes_in_flight)
         shared = SharedGenerate(engine)  # what the episodes' calls send at once, the engine samples in one call
@@ -135,7 +142,7 @@ class AgentWorkflow:
             params = replace(self.params, n=1, seed=turn_seed(seed, index))
             client = EngineChatClient(shared, self.tokenizer, params, self.max_model_len, self.tool_format)
             async with slots:
-                client.base_url, client.api_key = self.endpoint.url, self.endpoint.open(client)
+                client.base_url, client.api_key = endpoint.url, endpoint.open(client)
                 try:
                     value = await asyncio.wait_for(self._played(client, problem), self.timeout_s)
                     if not client.episodes():
@@ -145,7 +152,7 @@ class AgentWorkflow:
                 except asyncio.TimeoutError:
                     return client, self._failed(problem, f"ran past its timeout of {self.timeout_s:g} s")
                 finally:
-                    self.endpoint.close_episode(client.api_key)
+                    endpoint.close_episode(client.api_key)
                     client.close()
             if client.drifted_calls and self.on_drift == "error":
                 raise RunStopped(f"agent {describe_agent(self.task.agent)} made {client.drifted_calls} call(s) on "
@@ -166,7 +173,9 @@ class AgentWorkflow:
             if inspect.iscoroutinefunction(self.task.agent):
                 return await self.task.agent(AsyncEngineChatClient(client=client), problem)
             return await _in_thread(self.task.agent, client, problem)
-        except (Exception, SystemExit) as e:  # sys.exit() in an agent ends its episode, not the run
+        except (Exception, SystemExit, KeyboardInterrupt) as e:
+            # sys.exit() or KeyboardInterrupt in an agent ends its episode, not the run: a stop signal never
+            # raises there (the episodes' loop and the agents' threads are not the main thread).
             raise AgentFailed(f"raised {describe(e)}") from e
 
     def _turn_returns(self, value: Mapping, client: EngineChatClient, problem: Problem,

@@ -7,7 +7,9 @@ Prompts go through the model's chat template with the tools; where the template 
 tools, tool calls or the ``tool`` role, the tool-call format writes them as text
 (``lit_ppo.rollout.episodes.tool_calls``). Sampling is the rollout's: a request's ``temperature`` / ``top_p``
 must be the rollout's (the trainer recomputes log-probs under that distribution), and a parameter the
-engine cannot honour is refused in one line (ValueError), never ignored.
+engine cannot honour, or one of the wrong type or shape, is refused in one line (``InvalidRequest``, a
+ValueError naming the parameter at fault as the OpenAI API does: ``messages[1].tool_calls[0].id``), never
+ignored nor guessed at.
 
 Token-in, token-out: a call whose messages extend an earlier call's messages and the reply it got
 continues that call's token sequence. The earlier tokens stay exactly as sampled; only the new
@@ -30,6 +32,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from jinja2 import TemplateError
 from openai.types.chat import ChatCompletion
 from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_message import ChatCompletionMessage
@@ -47,6 +50,17 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 HONOURED = {"messages", "model", "tools", "tool_choice", "temperature", "top_p", "max_tokens",
             "max_completion_tokens", "stop", "n", "seed"}
 """The parameters of ``create`` that the engine honours; any other one given is refused."""
+
+
+class InvalidRequest(ValueError):
+    """A request ``create`` refuses, in one line. Args: ``message`` (after the ``chat.completions.create:``
+    prefix it gets); ``param``: the parameter at fault, in the OpenAI API's notation
+    (``messages[0].content``), None for the request as a whole; ``code``: the API's error code for it."""
+
+    def __init__(self, message: str, param: str | None, code: str):
+        super().__init__(f"chat.completions.create: {message}")
+        self.param = param
+        self.code = code
 
 
 @dataclass
@@ -123,37 +137,41 @@ class EngineChatClient:
     def create(self, **request: Any) -> ChatCompletion:
         """``chat.completions.create``: see the class and the module docstrings."""
         if self.closed:
-            raise ValueError("chat.completions.create: the episode has ended (its agent returned or ran past its "
-                             "timeout): a call after that trains nothing")
+            raise InvalidRequest("the episode has ended (its agent returned or ran past its timeout): a call after "
+                                 "that trains nothing", None, "episode_ended")
         unknown = sorted(k for k, v in request.items() if k not in HONOURED and not _not_given(v))
         if unknown:
-            raise ValueError(f"chat.completions.create: {unknown[0]} cannot be honoured by the rollout engine; "
-                             f"it takes {', '.join(sorted(HONOURED))}")
-        messages = [_normalised(m, i) for i, m in enumerate(_given(request, "messages") or [])]
+            raise InvalidRequest(f"{unknown[0]} cannot be honoured by the rollout engine; it takes "
+                                 f"{', '.join(sorted(HONOURED))}", unknown[0], "unsupported_parameter")
+        messages = [_normalised(m, i) for i, m in enumerate(_array(request, "messages", "message objects"))]
         if not messages:
-            raise ValueError("chat.completions.create: messages is empty: give at least one message")
-        tools = list(_given(request, "tools") or [])
+            raise InvalidRequest("messages is empty: give at least one message", "messages", "invalid_value")
+        tools = _array(request, "tools", "function tools")
         names = _tool_names(tools)
         choice = _given(request, "tool_choice")
         if choice == "none":
             names = set()
         elif choice not in (None, "auto"):
-            raise ValueError(f"chat.completions.create: tool_choice={choice!r} cannot be honoured: sampling is not "
-                             f"constrained to a call; give tool_choice='auto' or 'none'")
+            raise InvalidRequest(f"tool_choice={choice!r} cannot be honoured: sampling is not constrained to a call; "
+                                 f"give tool_choice='auto' or 'none'", "tool_choice", "unsupported_value")
         params = self._sampling(request)
         call = next(self._calls)
         if params.seed is None and self.params.seed is not None:  # reproducible, a different seed per call
             params = replace(params, seed=self.params.seed + call)
         extended = self._extended(messages)
-        text = self._render(messages, tools, add_generation_prompt=True)
+        try:
+            text = self._render(messages, tools, add_generation_prompt=True)
+        except TemplateError as e:  # a template's raise_exception: an order of roles it does not take
+            raise InvalidRequest(f"the model's chat template refuses these messages: {e}", "messages",
+                                 "invalid_value") from None
         prompt_ids = None if extended is None else self._continued(extended, text, tools)
         drifted = (extended if prompt_ids is None else None) if extended is not None else self._rewritten(messages)
         if prompt_ids is None:
             prompt_ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         if len(prompt_ids) + params.max_new_tokens > self.max_model_len:
-            raise ValueError(f"chat.completions.create: the conversation holds {len(prompt_ids)} tokens and "
-                             f"max_tokens={params.max_new_tokens}, more than the model's {self.max_model_len}: "
-                             f"shorten the messages or lower max_tokens")
+            raise InvalidRequest(f"the conversation holds {len(prompt_ids)} tokens and max_tokens="
+                                 f"{params.max_new_tokens}, more than the model's {self.max_model_len}: shorten the "
+                                 f"messages or lower max_tokens", "messages", "context_length_exceeded")
         if drifted is not None:
             self.drifted_calls += 1
             self.drifted_from.append(drifted)
@@ -181,25 +199,32 @@ class EngineChatClient:
         params = self.params
         for key, ours in (("temperature", params.temperature), ("top_p", params.top_p)):
             value = _given(request, key)
-            if value is not None and float(value) != float(ours):
-                raise ValueError(f"chat.completions.create: {key}={value} cannot be honoured: the rollout samples "
-                                 f"at {key}={ours}, under which the trainer recomputes the log-probs; leave it out")
-        n = _given(request, "n")
-        max_tokens = _given(request, "max_completion_tokens", _given(request, "max_tokens"))
-        for key, value in (("n", n), ("max_tokens", max_tokens)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"chat.completions.create: {key}={value!r} is invalid: must be a positive integer")
+            if value is not None and (not _is_number(value) or float(value) != float(ours)):
+                raise InvalidRequest(f"{key}={value!r} cannot be honoured: the rollout samples at {key}={ours}, under "
+                                     f"which the trainer recomputes the log-probs; leave it out or give {ours}", key,
+                                     "unsupported_value" if _is_number(value) else "invalid_type")
+        for key in ("n", "max_tokens", "max_completion_tokens", "seed"):
+            value = _given(request, key)
+            least = 0 if key == "seed" else 1
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+                kind = "a non-negative integer" if key == "seed" else "a positive integer"
+                raise InvalidRequest(f"{key}={value!r} is invalid: must be {kind}", key,
+                                     "invalid_value" if isinstance(value, int) else "invalid_type")
         stop_ids = list(params.stop_token_ids)
         stop = _given(request, "stop")
-        for word in [stop] if isinstance(stop, str) else (stop or []):
+        words = [stop] if isinstance(stop, str) else stop or []
+        if not isinstance(words, (list, tuple)) or not all(isinstance(word, str) for word in words):
+            raise InvalidRequest(f"stop={stop!r} is invalid: must be a string or an array of strings", "stop",
+                                 "invalid_type")
+        for word in words:
             ids = self.tokenizer.encode(word, add_special_tokens=False)
             if len(ids) != 1:
-                raise ValueError(f"chat.completions.create: stop={word!r} cannot be honoured: the engine stops on "
-                                 f"single tokens and it is {len(ids)}")
+                raise InvalidRequest(f"stop={word!r} cannot be honoured: the engine stops on single tokens and it is "
+                                     f"{len(ids)}", "stop", "unsupported_value")
             stop_ids.append(ids[0])
-        seed = _given(request, "seed")
-        return replace(params, n=n or 1, max_new_tokens=max_tokens or params.max_new_tokens,
-                       stop_token_ids=stop_ids, seed=seed)
+        max_tokens = _given(request, "max_completion_tokens", _given(request, "max_tokens"))
+        return replace(params, n=_given(request, "n") or 1, max_new_tokens=max_tokens or params.max_new_tokens,
+                       stop_token_ids=stop_ids, seed=_given(request, "seed"))
 
     def _message(self, completion: Completion, names: set[str], call: int,
                  index: int) -> tuple[ChatCompletionMessage, str]:
@@ -354,6 +379,40 @@ def _given(request: dict, key: str, default: Any = None) -> Any:
     return default if _not_given(value) else value
 
 
+def _array(request: dict, key: str, what: str) -> list:
+    """The request's array ``key`` (``[]`` if not given); InvalidRequest if it is not one."""
+    value = _given(request, key, [])
+    if not isinstance(value, (list, tuple)):
+        raise InvalidRequest(f"{key} is {_json_type(value)}: must be an array of {what}", key, "invalid_type")
+    return list(value)
+
+
+def _json_type(value: Any) -> str:
+    """What ``value`` is, in JSON's words (an object of the SDK or Python: its class)."""
+    for kind, name in ((bool, "a boolean"), (str, "a string"), (int, "an integer"), (float, "a number"),
+                       (dict, "an object"), ((list, tuple), "an array")):
+        if isinstance(value, kind):
+            return name
+    return "null" if value is None else f"a {type(value).__name__}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _string(container: dict, key: str, param: str, default: str | None = None) -> str:
+    """``container[key]``, which must be a string (``default`` where it is not given and there is one);
+    InvalidRequest naming ``param`` otherwise."""
+    value = container.get(key)
+    if value is None and default is not None:
+        return default
+    if value is None:
+        raise InvalidRequest(f"{param} is missing: it is required", param, "missing_required_parameter")
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{param} is {_json_type(value)}: must be a string", param, "invalid_type")
+    return value
+
+
 def _tool_names(tools: list) -> set[str]:
     """The functions ``tools`` offers (OpenAI ``{"type": "function", "function": {"name": ...}}`` entries)."""
     names = set()
@@ -361,37 +420,62 @@ def _tool_names(tools: list) -> set[str]:
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(function, dict) or tool.get("type", "function") != "function" or \
                 not isinstance(function.get("name"), str):
-            raise ValueError(f"chat.completions.create: tools[{i}] is invalid: must be {{'type': 'function', "
-                             f"'function': {{'name': ..., 'parameters': {{...}}}}}}")
+            raise InvalidRequest(f"tools[{i}] is invalid: must be {{'type': 'function', 'function': {{'name': ..., "
+                                 f"'parameters': {{...}}}}}}", f"tools[{i}]", "invalid_value")
         names.add(function["name"])
     return names
 
 
 def _normalised(message: Any, index: int) -> dict:
     """A request's message (a dict or an SDK object) as a plain dict of what the template and the
-    continuation compare: role, content (text), tool calls, the id of the call a tool result answers."""
+    continuation compare: role, content (text), tool calls, the id of the call a tool result answers.
+    InvalidRequest for a message of the wrong shape, naming the field."""
+    at = f"messages[{index}]"
     if hasattr(message, "model_dump"):
         message = message.model_dump(exclude_none=True)
-    if not isinstance(message, dict) or message.get("role") not in ROLES:
-        role = message.get("role") if isinstance(message, dict) else type(message).__name__
-        raise ValueError(f"chat.completions.create: messages[{index}] has role {role!r}: must be one of "
-                         f"{', '.join(ROLES)}")
-    content = message.get("content")
-    if isinstance(content, list):
-        parts = [part.get("text") for part in content if isinstance(part, dict) and part.get("type") == "text"]
-        if len(parts) != len(content):
-            raise ValueError(f"chat.completions.create: messages[{index}].content holds a part that is not text: "
-                             f"only text parts can be honoured")
-        content = "".join(parts)
-    out = {"role": message["role"], "content": content or ""}
+    if not isinstance(message, dict):
+        raise InvalidRequest(f"{at} is {_json_type(message)}: must be an object with a role and a content", at,
+                             "invalid_type")
+    if message.get("role") not in ROLES:
+        raise InvalidRequest(f"{at} has role {message.get('role')!r}: must be one of {', '.join(ROLES)}",
+                             f"{at}.role", "invalid_value")
+    out = {"role": message["role"], "content": _content(message.get("content"), f"{at}.content")}
     calls = message.get("tool_calls") or []
+    if not isinstance(calls, (list, tuple)):
+        raise InvalidRequest(f"{at}.tool_calls is {_json_type(calls)}: must be an array of tool calls",
+                             f"{at}.tool_calls", "invalid_type")
     if calls:
-        out["tool_calls"] = [{"id": c["id"], "type": "function",
-                              "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
-                             for c in calls]
+        out["tool_calls"] = [_tool_call(call, f"{at}.tool_calls[{i}]") for i, call in enumerate(calls)]
     if message["role"] == "tool":
-        out["tool_call_id"] = message.get("tool_call_id", "")
+        out["tool_call_id"] = _string(message, "tool_call_id", f"{at}.tool_call_id", default="")
     return out
+
+
+def _content(content: Any, param: str) -> str:
+    """A message's content as text: a string, or an array of text parts (None: empty)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, (list, tuple)):
+        raise InvalidRequest(f"{param} is {_json_type(content)}: must be a string or an array of text parts",
+                             param, "invalid_type")
+    for i, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text":
+            raise InvalidRequest(f"{param} holds a part that is not text: only text parts can be honoured",
+                                 f"{param}[{i}]", "invalid_value")
+        _string(part, "text", f"{param}[{i}].text")
+    return "".join(part["text"] for part in content)
+
+
+def _tool_call(call: Any, param: str) -> dict:
+    """An assistant message's tool call: an id, and a function with a name and its arguments (a JSON text)."""
+    if not isinstance(call, dict) or call.get("type", "function") != "function" or \
+            not isinstance(call.get("function"), dict):
+        raise InvalidRequest(f"{param} is invalid: must be {{'id': ..., 'type': 'function', 'function': {{'name': "
+                             f"..., 'arguments': '<JSON>'}}}}", param, "invalid_value")
+    function = call["function"]
+    return {"id": _string(call, "id", f"{param}.id"), "type": "function",
+            "function": {"name": _string(function, "name", f"{param}.function.name"),
+                         "arguments": _string(function, "arguments", f"{param}.function.arguments")}}
 
 
 def _first_user(messages: list[dict]) -> str:

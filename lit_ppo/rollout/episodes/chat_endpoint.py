@@ -5,30 +5,45 @@ the ``EngineChatClient`` of its episode.
 An episode is named by its key, which the agent gives as its API key (``openai.OpenAI(base_url=url,
 api_key=key)``; the SDK sends it as ``Authorization: Bearer <key>``), so an unchanged OpenAI client is
 attributed to its episode. A request without a key, for an unknown key or for an episode that has ended
-is refused (401 / 404), and a request the client cannot honour gets 400 with its one-line reason, in the
-error shape of the OpenAI API. ``close()`` stops serving and frees the port.
+is refused (401 / 404).
+
+Every refusal is in the error shape of the OpenAI API, ``{"error": {"message", "type", "param", "code"}}``:
+what the client got wrong is a 4xx of type ``invalid_request_error`` whose one-line message names the
+parameter (also in ``param``) and what is allowed; a 5xx of type ``server_error`` is the trainer's own
+failure. ``http.server`` parses the request line and the headers and refuses their faults (in this shape
+too); the body is read as ``lit_ppo.rollout.episodes.http_request`` reads it (Content-Length or chunked, at
+most 8 MiB, JSON nested at most 64 levels); a client that stops sending for ``READ_TIMEOUT_S`` is answered
+408 and disconnected. No client's request makes the trainer print anything, and the endpoint serves the
+next request after any of them. ``close()`` stops serving and frees the port.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+import sys
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from lit_ppo.rollout.episodes.chat_client import EngineChatClient
+from lit_ppo.rollout.episodes.chat_client import EngineChatClient, InvalidRequest
+from lit_ppo.rollout.episodes.http_request import Refused, parse_json, read_body
 
 LOOPBACK = "127.0.0.1"
 """The only interface the endpoint listens on: agents run on the trainer's machine."""
-MAX_BODY = 64 * 2**20
-"""The largest request body read (bytes)."""
+READ_TIMEOUT_S = 60.0
+"""How long a connection may be silent while a request is read (or between requests) before it is closed."""
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 1024  # every episode in flight may connect at once (the default backlog of 5 resets them)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A connection that the client reset or let time out is the client's business, not the trainer's.
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
 
 
 class ChatEndpoint:
@@ -86,21 +101,22 @@ class ChatEndpoint:
 def _handler(endpoint: ChatEndpoint) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = READ_TIMEOUT_S
 
         def log_message(self, format: str, *args: Any) -> None:  # the trainer's output is not an access log
             pass
 
         def do_GET(self) -> None:
+            self._body_read = False
             if self.path.rstrip("/") != "/v1/models":
-                return self._error(HTTPStatus.NOT_FOUND, f"no route {self.path}: the endpoint serves POST "
-                                   f"/v1/chat/completions and GET /v1/models", "not_found")
+                return self._no_route()
             self._send(HTTPStatus.OK, {"object": "list", "data": [
                 {"id": endpoint.model, "object": "model", "created": 0, "owned_by": "lit_ppo"}]})
 
         def do_POST(self) -> None:
+            self._body_read = False
             if self.path.rstrip("/") != "/v1/chat/completions":
-                return self._error(HTTPStatus.NOT_FOUND, f"no route {self.path}: the endpoint serves POST "
-                                   f"/v1/chat/completions and GET /v1/models", "not_found")
+                return self._no_route()
             key = self.headers.get("Authorization", "").removeprefix("Bearer ").strip()
             if not key:
                 return self._error(HTTPStatus.UNAUTHORIZED, "no episode key: give the episode's key as the "
@@ -109,34 +125,53 @@ def _handler(endpoint: ChatEndpoint) -> type[BaseHTTPRequestHandler]:
             if client is None:
                 return self._error(HTTPStatus.NOT_FOUND, f"episode {key[:12]}... is unknown or has ended: each "
                                    f"episode's requests need its own key while it runs", "episode_not_found")
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY:
-                return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the request holds {length} bytes, more "
-                                   f"than {MAX_BODY}", "request_too_large")
             try:
-                request = json.loads(self.rfile.read(length) or b"{}")
-            except json.JSONDecodeError as e:
-                return self._error(HTTPStatus.BAD_REQUEST, f"the request body is not JSON: {e}", "invalid_json")
+                body = read_body(self.headers, self.rfile)
+                self._body_read = True
+                request = parse_json(body)
+            except Refused as e:
+                self.close_connection = not self._body_read  # where its body ends is unknown
+                return self._error(e.status, e.message, e.code)
             if not isinstance(request, dict):
-                return self._error(HTTPStatus.BAD_REQUEST, "the request body must be a JSON object", "invalid_json")
+                return self._error(HTTPStatus.BAD_REQUEST, "the request body must be a JSON object of the "
+                                   "request's parameters", "invalid_json")
             try:
                 completion = client.create(**request)
-            except ValueError as e:
-                return self._error(HTTPStatus.BAD_REQUEST, str(e), "invalid_request_error")
-            except Exception as e:  # the engine failed: the agent hears it, the rollout's own error follows
-                return self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"the rollout engine failed: "
-                                   f"{type(e).__name__}: {e}", "engine_error")
+            except InvalidRequest as e:
+                return self._error(HTTPStatus.BAD_REQUEST, str(e), e.code, e.param)
+            except Exception as e:  # the trainer's own failure: the agent hears it, the rollout's own error follows
+                return self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"the trainer failed to serve the request: "
+                                   f"{type(e).__name__}: {e}", "server_error")
             self._send(HTTPStatus.OK, completion.model_dump(exclude_none=True))
 
-        def _error(self, status: HTTPStatus, message: str, code: str) -> None:
-            kind = "invalid_request_error" if status == HTTPStatus.BAD_REQUEST else code
-            self._send(status, {"error": {"message": message, "type": kind, "param": None, "code": code}})
+        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+            # What http.server refuses itself (a malformed request line or header, a method it has no
+            # handler for, ...), in the API's shape rather than its HTML page.
+            status = HTTPStatus(code)
+            self.close_connection = True
+            if self.request_version == "HTTP/0.9":  # a request line it could not parse: answer with a status line
+                self.request_version = self.protocol_version
+            self._error(status, f"{message or status.phrase}: {explain or status.description}",
+                        status.phrase.lower().replace(" ", "_").replace("-", "_"))
+
+        def _no_route(self) -> None:
+            self._error(HTTPStatus.NOT_FOUND, f"no route {self.command} {self.path}: the endpoint serves POST "
+                        f"/v1/chat/completions and GET /v1/models", "not_found")
+
+        def _error(self, status: HTTPStatus, message: str, code: str, param: str | None = None) -> None:
+            kind = "server_error" if status >= 500 else "invalid_request_error"
+            self._send(status, {"error": {"message": message, "type": kind, "param": param, "code": code}})
 
         def _send(self, status: HTTPStatus, body: dict) -> None:
+            if not self.close_connection and not self._body_read and (
+                    "Transfer-Encoding" in self.headers or self.headers.get("Content-Length", "0").strip() != "0"):
+                self.close_connection = True  # its unread body must not be taken for the next request
             data = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data)
 

@@ -25,6 +25,7 @@ from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.rollout.engines.protocol import Completion, RolloutEngine
 from lit_ppo.tasks.base import Problem, Task, reward_float, reward_problem, task_name
 from lit_ppo.tasks.rewards import GroupScores
+from lit_ppo.tasks.rewards.calls import awaited
 from lit_ppo.utils.text import shorten
 
 
@@ -118,13 +119,14 @@ def group_rewards(task: Task, problem: Problem, completions: list[Completion], t
     """The task's raw rewards of one prompt's ``completions`` (decoded as ``texts``): one
     ``task.score_group(problem, texts, token ids, version)`` call if the task has it (reward functions
     that see the tokens and the iteration, each function's values kept), else one
-    ``task.group_rewards(problem, texts)`` call if it has that, else ``task.reward`` per completion."""
+    ``task.group_rewards(problem, texts)`` call if it has that, else ``task.reward`` per completion (those of an
+    ``async def`` awaited together)."""
     if hasattr(task, "score_group"):
         scores = task.score_group(problem, texts, [c.token_ids for c in completions], completions[0].version)
-    elif hasattr(task, "group_rewards"):
-        scores = GroupScores(list(task.group_rewards(problem, texts)), {})
+    elif hasattr(task, "group_rewards"):  # an async def's awaited, as every reward's is
+        scores = GroupScores(list(awaited([task.group_rewards(problem, texts)])[0]), {})
     else:
-        scores = GroupScores([task.reward(problem, text) for text in texts], {})
+        scores = GroupScores(awaited([task.reward(problem, text) for text in texts]), {})
     return _counted(task, scores, texts)
 
 

@@ -228,6 +228,21 @@ def score_calls(fns: Sequence[RewardFunction], calls: Sequence[RewardCall], step
     return [_combined(fns, outs, len(call.completions)) for call, outs in zip(calls, outputs)]
 
 
+def awaited(values: Sequence[Any]) -> list:
+    """``values`` with each awaitable among them (what an ``async def`` task reward returns) replaced by its
+    result, awaited together on the reward event loop, at most ``DEFAULT_REWARD_CONCURRENCY`` at once; the first
+    exception one raised is raised here."""
+    pending = [i for i, value in enumerate(values) if inspect.isawaitable(value)]
+    out = list(values)
+    if pending:
+        bounded = _bounded([values[i] for i in pending], DEFAULT_REWARD_CONCURRENCY, None)
+        for i, result in zip(pending, asyncio.run_coroutine_threadsafe(bounded, _event_loop()).result()):
+            if isinstance(result, BaseException):
+                raise result
+            out[i] = result
+    return out
+
+
 def _called(f: RewardFunction, call: RewardCall, state: TrainerState) -> Any:
     """``f``'s return value for one group (an awaitable, for an asynchronous function)."""
     kwargs = dict(call.columns)

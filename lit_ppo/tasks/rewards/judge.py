@@ -10,8 +10,9 @@ with one that is not a label or not a number, gives an invalid reward (``NoVerdi
 The judge is either
 
 - an OpenAI-compatible endpoint (``base_url``, e.g. ``vllm serve``), probed when the settings are
-  checked (``GET /models``: it answers and serves ``model``); a group's completions are judged by as many
-  requests at once, and a request that still fails after the client's retries stops the run in one line;
+  checked (``GET /models``: it answers and serves ``model``; by the standard library, the ``openai``
+  client loading at the first scoring); a group's completions are judged by as many requests at once,
+  and a request that still fails after the client's retries stops the run in one line;
 - or a local Hugging Face causal LM, loaded at the first scoring and run in this process by transformers'
   ``generate`` (greedy at temperature 0, else sampled with the model's generation config at that
   temperature); the completions of every group judged at once are generated together (``BatchedCalls``).
@@ -22,25 +23,28 @@ A call returns a coroutine: ``score_calls`` awaits the judge's calls of a batch 
 from __future__ import annotations
 
 import asyncio
+import http.client
+import json
 import math
 import os
 import re
 import string
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
-
-import openai
-import torch
+from typing import TYPE_CHECKING, Any
 
 from lit_ppo.config.checks import as_config, check_fields, check_number, check_positive_int, fail
-from lit_ppo.models import load_causal_lm, model_dir_problem, use_chat_template
 from lit_ppo.tasks.rewards.batching import BatchedCalls
 from lit_ppo.tasks.rewards.calls import completion_text
-from lit_ppo.tasks.rewards.model import model_device
+from lit_ppo.tasks.rewards.model import check_device, model_device
 from lit_ppo.utils.imports import describe
 from lit_ppo.utils.text import first_line
+
+if TYPE_CHECKING:  # openai, torch and the models load where the judge is asked or loads: a task is built without them
+    import openai
 
 JUDGE = "judge"
 """The entry of ``reward_fns`` that is the judge."""
@@ -163,6 +167,8 @@ class LLMJudge:
         _check(config, where)
         judge = cls(config, where)
         if config.base_url is None:
+            from lit_ppo.models import model_dir_problem
+
             problem = model_dir_problem(config.model)
             if problem is not None:
                 raise ValueError(f"{where}.model={config.model!r} {problem} (without {where}.base_url the judge is "
@@ -205,32 +211,47 @@ class LLMJudge:
 
     # ------------------------------------------------------------------ the endpoint
     def _probe(self) -> None:
-        """ValueError in one line unless the endpoint lists ``model`` within ``timeout_s``."""
+        """ValueError in one line unless the endpoint lists ``model`` within ``timeout_s``: one GET of the
+        OpenAI API's model list, by the standard library (the ``openai`` client takes a second to import,
+        which only the scoring needs)."""
         c, url = self.config, self.config.base_url.rstrip("/")
         key = f"{self.where}.base_url={c.base_url!r}"
+        request = urllib.request.Request(f"{url}/models", headers={"Authorization": f"Bearer {self._api_key}"})
+        timed_out = (f"{key}: GET {url}/models timed out after {c.timeout_s:g} s: check that the server runs, or "
+                     f"raise {self.where}.timeout_s")
         try:  # one try: a server that is not up fails the start now rather than the first batch later
-            with openai.OpenAI(base_url=url, api_key=self._api_key, timeout=c.timeout_s, max_retries=0) as client:
-                served = [m.id for m in client.models.list()]
-        except openai.APITimeoutError:
-            raise ValueError(f"{key}: GET {url}/models timed out after {c.timeout_s:g} s: check that the server "
-                             f"runs, or raise {self.where}.timeout_s") from None
-        except openai.APIConnectionError as e:
-            raise ValueError(f"{key}: nothing answers at {url} ({first_line(e.__cause__ or e)}): start the server "
-                             f"(e.g. vllm serve {c.model}) or fix the URL") from None
-        except openai.APIStatusError as e:
-            if e.status_code in (401, 403):
+            with urllib.request.urlopen(request, timeout=c.timeout_s) as response:
+                body = response.read()
+        except urllib.error.HTTPError as e:
+            if e.code in (401, 403):
                 hint = f"set {c.api_key_env} to the endpoint's key"
-            elif e.status_code == 404:
+            elif e.code == 404:
                 hint = "base_url must be the API's root, e.g. http://host:8000/v1"
             else:
                 hint = "check the server's log"
-            raise ValueError(f"{key}: GET {url}/models answered HTTP {e.status_code}: {hint}") from None
+            raise ValueError(f"{key}: GET {url}/models answered HTTP {e.code}: {hint}") from None
+        except TimeoutError:
+            raise ValueError(timed_out) from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:  # HTTPException: not HTTP
+            reason = getattr(e, "reason", e)
+            if isinstance(reason, TimeoutError):
+                raise ValueError(timed_out) from None
+            raise ValueError(f"{key}: nothing answers at {url} ({first_line(reason)}): start the server "
+                             f"(e.g. vllm serve {c.model}) or fix the URL") from None
+        try:
+            served = [m["id"] for m in json.loads(body)["data"]]
+        except (ValueError, LookupError, TypeError):
+            raise ValueError(f"{key}: GET {url}/models answered {_cut(body.decode(errors='replace'))}, not the "
+                             f"OpenAI API's list of models: base_url must be the API's root, e.g. "
+                             f"http://host:8000/v1") from None
         if c.model not in served:
             raise ValueError(f"{self.where}.model={c.model!r} is not served at {key}: it serves "
                              f"{', '.join(served) or 'no model'}; set {self.where}.model to one of them")
 
     def _async_client(self) -> openai.AsyncOpenAI:
         """The client of the running event loop: its connections belong to the loop that opened them."""
+        import openai
+
         loop = asyncio.get_running_loop()
         if self._client_loop is not loop:
             c = self.config
@@ -241,6 +262,8 @@ class LLMJudge:
 
     async def _request(self, messages: list[dict[str, str]]) -> str:
         """The endpoint's reply to ``messages``; RuntimeError in one line if it fails after the retries."""
+        import openai
+
         c, url = self.config, self.config.base_url.rstrip("/")
         tries = f"{c.max_retries} retries"
         try:
@@ -255,20 +278,25 @@ class LLMJudge:
         return response.choices[0].message.content or ""
 
     # ------------------------------------------------------------------ the local model
-    @torch.inference_mode()
     def _generate(self, conversations: list[list[dict[str, str]]]) -> list[str]:
         """The local model's replies, generated together (left-padded, one ``generate`` call)."""
+        import torch
+
         model, tokenizer = self._loaded()
         c = self.config
         texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in conversations]
         inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
         sampled = c.temperature > 0
-        output = model.generate(**inputs, max_new_tokens=c.max_tokens, do_sample=sampled,
-                                temperature=c.temperature if sampled else None, pad_token_id=tokenizer.pad_token_id)
+        with torch.inference_mode():
+            output = model.generate(**inputs, max_new_tokens=c.max_tokens, do_sample=sampled,
+                                    temperature=c.temperature if sampled else None,
+                                    pad_token_id=tokenizer.pad_token_id)
         return tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
 
     def _loaded(self) -> tuple[Any, Any]:
         """The local model and its tokenizer, loaded by the first call."""
+        from lit_ppo.models import load_causal_lm, use_chat_template
+
         with self._load_lock:
             if self._local is None:
                 try:
@@ -326,4 +354,4 @@ def _check(c: JudgeConfig, where: str) -> None:
     check_number(f"{where}.temperature", c.temperature, low=0)
     check_number(f"{where}.timeout_s", c.timeout_s, low=0, low_open=True)
     check_number(f"{where}.max_retries", c.max_retries, low=0)
-    model_device(f"{where}.device", c.device)
+    check_device(f"{where}.device", c.device)

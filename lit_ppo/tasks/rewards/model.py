@@ -19,20 +19,21 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from lit_ppo.config.checks import check_choice, check_fields, check_number, check_positive_int, fail
-from lit_ppo.models.local_model import model_dir_problem, model_source_dir
 from lit_ppo.tasks.rewards.batching import BatchedCalls
 from lit_ppo.tasks.rewards.calls import completion_text
 
-SQUASHES = {"sigmoid": torch.sigmoid, "tanh": torch.tanh}
-"""``squash`` name -> the function applied to the normalised logit."""
+if TYPE_CHECKING:  # torch and the models load where a model loads or scores: a task is built without them
+    import torch
+
+SQUASHES = ("sigmoid", "tanh")
+"""``squash`` names: the torch function of that name is applied to the normalised logit."""
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 """``dtype`` choices: as the directory stores it, or one of these."""
 
@@ -72,22 +73,30 @@ def is_model_path(name: str) -> bool:
     return "/" in name or os.sep in name or Path(name).expanduser().is_dir()
 
 
+def check_device(key: str, name: str) -> None:
+    """ValueError in one line naming the setting ``key`` unless ``name`` is ``auto``, ``cpu``, ``cuda`` or
+    ``cuda:N``, the last two on a machine with CUDA (only they load torch, to ask)."""
+    if name == "auto":
+        return
+    if not isinstance(name, str) or not re.fullmatch(r"(cpu|cuda)(:\d+)?", name):
+        fail(key, name, "auto, cpu, cuda or cuda:N")
+    if name.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"{key}={name!r}: this machine has no CUDA device; use auto or cpu")
+
+
 def model_device(key: str, name: str) -> torch.device:
-    """The device the setting ``key`` names: ``auto`` (this rank's CUDA device if there is one, else the CPU),
-    ``cpu``, ``cuda`` or ``cuda:N``; ValueError in one line naming ``key`` for another, or for CUDA where
-    there is none."""
+    """The device the setting ``key`` names (``check_device``): ``auto`` is this rank's CUDA device if there
+    is one, else the CPU."""
+    import torch
+
+    check_device(key, name)
     if name == "auto":
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError):
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
-        fail(key, name, "auto, cpu, cuda or cuda:N")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"{key}={name!r}: this machine has no CUDA device; use auto or cpu")
-    return device
+    return torch.device(name)
 
 
 def _settings(values: dict[str, Any] | None, where: str) -> RewardModelConfig:
@@ -102,7 +111,7 @@ def _settings(values: dict[str, Any] | None, where: str) -> RewardModelConfig:
         raise ValueError(f"{where}.{unknown[0]} is not a setting of a reward model: allowed: {', '.join(allowed)}")
     cfg = RewardModelConfig(**values)
     check_fields(cfg, where)
-    model_device(f"{where}.device", cfg.device)
+    check_device(f"{where}.device", cfg.device)
     check_choice(f"{where}.dtype", cfg.dtype, DTYPES)
     check_positive_int(f"{where}.batch_size", cfg.batch_size)
     check_positive_int(f"{where}.max_length", cfg.max_length, optional=True)
@@ -111,7 +120,7 @@ def _settings(values: dict[str, Any] | None, where: str) -> RewardModelConfig:
     check_number(f"{where}.mean", cfg.mean)
     check_number(f"{where}.std", cfg.std, low=0, low_open=True)
     if cfg.squash is not None:
-        check_choice(f"{where}.squash", cfg.squash, tuple(SQUASHES))
+        check_choice(f"{where}.squash", cfg.squash, SQUASHES)
     return cfg
 
 
@@ -124,12 +133,15 @@ class RewardModel:
     """
 
     def __init__(self, path: str, settings: RewardModelConfig):
+        from lit_ppo.models.local_model import model_source_dir
+
         self.path = model_source_dir(path)
         self.settings = settings
         self.__name__ = Path(path).name
         self._model = None
         self._tokenizer = None
-        self._device = model_device("device", settings.device)
+        self._device: torch.device | None = None
+        """Where it scores, resolved as it loads."""
         self._load_lock = threading.RLock()  # the model loads the tokenizer under it too
         self._batched = BatchedCalls(self._scores)
 
@@ -138,6 +150,8 @@ class RewardModel:
         """The reward model at ``path`` (the setting ``where``) with the settings of ``settings_key``;
         ValueError in one line for a directory that is not a sequence classifier with one label (or with the
         label ``label``), or for bad settings. Reads config.json and the weights' headers only."""
+        from lit_ppo.models.local_model import model_dir_problem, model_source_dir
+
         cfg = _settings(settings, settings_key)
         problem = model_dir_problem(path, head="classifier")
         if problem is not None:
@@ -193,8 +207,10 @@ class RewardModel:
     def _loaded_model(self):
         with self._load_lock:
             if self._model is None:
+                import torch
                 from transformers import AutoModelForSequenceClassification
 
+                self._device = model_device("device", self.settings.device)
                 dtype = "auto" if self.settings.dtype == "auto" else getattr(torch, self.settings.dtype)
                 model = AutoModelForSequenceClassification.from_pretrained(self.path, dtype=dtype,
                                                                            local_files_only=True)
@@ -203,26 +219,26 @@ class RewardModel:
                 self._model = model.to("cpu" if self.settings.offload else self._device)
             return self._model
 
-    @torch.inference_mode()
     def _scores(self, texts: list[str]) -> list[float]:
         """The rewards of ``texts``, ``batch_size`` per forward pass."""
+        import torch
+
         model, tokenizer, cfg = self._loaded_model(), self._loaded_tokenizer(), self.settings
         max_length = cfg.max_length or getattr(model.config, "max_position_embeddings", None)
         if cfg.offload:
             model.to(self._device)
         try:
             logits = []
-            for start in range(0, len(texts), cfg.batch_size):
-                inputs = tokenizer(texts[start:start + cfg.batch_size], return_tensors="pt", padding=True,
-                                   truncation=max_length is not None, max_length=max_length,
-                                   add_special_tokens=False).to(self._device)
-                logits.append(model(**inputs).logits[:, cfg.label or 0].float().cpu())
+            with torch.inference_mode():
+                for start in range(0, len(texts), cfg.batch_size):
+                    inputs = tokenizer(texts[start:start + cfg.batch_size], return_tensors="pt", padding=True,
+                                       truncation=max_length is not None, max_length=max_length,
+                                       add_special_tokens=False).to(self._device)
+                    logits.append(model(**inputs).logits[:, cfg.label or 0].float().cpu())
         finally:
             if cfg.offload:
                 model.to("cpu")
                 if self._device.type == "cuda":
                     torch.cuda.empty_cache()
         scores = (torch.cat(logits) - cfg.mean) / cfg.std
-        if cfg.squash is not None:
-            scores = SQUASHES[cfg.squash](scores)
-        return scores.tolist()
+        return (scores if cfg.squash is None else getattr(torch, cfg.squash)(scores)).tolist()

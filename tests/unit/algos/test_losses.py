@@ -1146,3 +1146,35 @@ def test_kl_loss_term_equals_trls_beta_and_verls_kl_loss(peer):
     # logp - ref = -3: k3 = e^3 - 4 = 16.1, which verl's clamp holds at 10.
     _, stats, _ = _run([[0.0]], [[0.0]], cfg=cfg, ref_logp=_t([[3.0]]))
     assert _stat(stats, "kl_loss") == pytest.approx(math.exp(3) - 4, rel=1e-5)
+
+
+def test_kl_ref_is_trls_kl_the_k3_to_the_reference_averaged_over_the_generated_tokens():
+    """TRL's logged ``kl``: per_token_kl = exp(ref - logp) - (ref - logp) - 1 on the policy being trained, its
+    mean over the completion tokens. Padding is left out; a token a mask drops from the loss still counts (the
+    high-entropy mask keeps only the last token here), and kl_ref is logged with a reference whatever beta is."""
+    logp = [[-0.5, -1.0, -2.0, 0.0]]
+    ref = [[-0.7, -0.4, -2.5, -9.0]]
+    mask = [[True, True, True, False]]
+    cfg = PPOActorConfig(top_entropy_quantile=0.3)
+    _, stats, _ = _run(logp, [[1.0, 1.0, 1.0, 0.0]], mask=mask, cfg=cfg, ref_logp=_t(ref),
+                       entropy=_t([[0.1, 0.2, 0.3, 0.0]]))
+    per_token = [math.exp(r - lp) - (r - lp) - 1 for lp, r in zip(logp[0][:3], ref[0][:3])]
+    _close(stats["kl_ref"], sum(per_token) / 3)  # (0.0187 + 0.2221 + 0.1065) / 3
+    assert float(stats["kl_ref"]) == pytest.approx(0.115793, abs=1e-6)
+    assert float(stats["low_entropy_masked_fraction"]) == pytest.approx(2 / 3)
+    _, stats, _ = _run(logp, [[1.0, 1.0, 1.0, 0.0]], mask=mask)
+    assert "kl_ref" not in stats  # no reference, no KL to it
+
+
+def test_each_statistic_comes_with_the_tokens_it_is_a_mean_over():
+    """approx_kl is a mean over the tokens whose loss counts, the entropy and a mask's share over the generated
+    ones; the loss and the KL term are aggregates, with no count (a micro-batch's is its share)."""
+    logp = _t([[-0.5, -1.0, -2.0, 0.0]], torch.float32).requires_grad_(True)
+    mask = _t([[True, True, True, False]], torch.bool)
+    cfg = PPOActorConfig(top_entropy_quantile=0.3, kl_loss_coef=0.1)
+    _, stats = policy_loss(logp, torch.zeros(1, 4), torch.ones(1, 4), mask, cfg, ref_logp=torch.zeros(1, 4),
+                           entropy=_t([[0.1, 0.2, 0.3, 0.0]]))
+    assert {name: int(count) for name, count in stats.tokens.items()} == {
+        "approx_kl": 1, "importance_weight_mean": 1, "clip_fraction": 1, "dual_clip_fraction": 1,
+        "entropy": 3, "low_entropy_masked_fraction": 3, "kl_ref": 3}
+    assert {"loss", "kl_loss"} <= stats.keys()

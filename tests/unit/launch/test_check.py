@@ -43,5 +43,36 @@ def test_mistakes_are_fits_lines(sums, overrides, line):
 
 
 def test_an_example_longer_than_max_length_is_refused_naming_its_row(sums):
-    with pytest.raises(ConfigError, match=r"^the train split's row \d+ is \d+ tokens, more than sft.max_length=5"):
+    with pytest.raises(ConfigError, match=r"^sums.jsonl line \d+ is \d+ tokens, more than sft.max_length=5"):
         check_sft_config(tree_of([*sums, "logger=none"], SFTConfig(max_length=5)))
+
+
+CHECK_VALUES = '''
+import sys
+from lit_ppo.errors import ConfigError
+from lit_ppo.launch.check import check_values
+from lit_ppo.launch.compose import compose
+try:
+    check_values(compose(["logger=none", "data=dataset", "data.task_kwargs.train_path=rows.jsonl",
+                          "data.task_kwargs.reward_fns=[%s]"]))
+except ConfigError as e:
+    print("error:", e)
+print(sorted({m.split(".")[0] for m in sys.modules} & {"torch", "lightning", "transformers", "openai"}))
+'''
+
+
+@pytest.mark.parametrize("reward, out", [
+    ("exact_match", "['torch']"),  # the names the actor refers to are registered with the losses
+    ("rewards.nope", "error: data.task_kwargs.reward_fns[0]='rewards.nope' cannot be imported (module 'rewards' has "
+                     "no 'nope'): give a dotted path module.function\n[]"),
+])
+def test_the_value_checks_load_no_lightning_and_the_task_no_torch(tmp_path, reward, out):
+    import subprocess
+    import sys
+
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"prompt": f"{a}+1=", "answer": str(a + 1)}) + "\n"
+                                                 for a in range(4)))
+    (tmp_path / "rewards.py").write_text("")
+    result = subprocess.run([sys.executable, "-c", CHECK_VALUES % reward], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert (result.returncode, result.stdout.strip()) == (0, out), result.stderr

@@ -383,7 +383,7 @@ def test_geo_mask_drops_rows_whose_geometric_mean_weight_leaves_one_percent():
     zeros = torch.zeros(3, 2)
     mask = torch.ones(3, 2, dtype=torch.bool)
     loss, stats = policy_loss(zeros.clone().requires_grad_(True), zeros, torch.ones(3, 2), mask, cfg,
-                              behave_logp=behave)
+                                 behave_logp=behave)
     assert float(loss) == pytest.approx(-(2 * math.exp(0.005) + 2 * math.exp(-0.01)) / 6, rel=1e-5)
     assert float(stats["filtered_fraction"]) == pytest.approx(2 / 6)
 

@@ -248,7 +248,7 @@ def test_a_wrong_number_of_values_names_the_function(tmp_path):
                                  "columns: prompt, answer, level, source"),
     ({"answer_key": "gold"}, "data.task_kwargs.answer_key='gold': {train} has no column 'gold', which the reward "
                              "'math_verify' compares with; columns: prompt, answer, level, source"),
-    ({"prompt_key": "level"}, "data.task_kwargs.prompt_key='level': {train} row 0, column 'level': int is not a "
+    ({"prompt_key": "level"}, "data.task_kwargs.prompt_key='level': {train} line 1, column 'level': int is not a "
                               "string or a list of chat messages {{role, content}}"),
     ({"reward_fns": ["no_such_module.fn"]}, "data.task_kwargs.reward_fns[0]='no_such_module.fn' cannot be imported "
                                             "(ModuleNotFoundError: No module named 'no_such_module')"),
@@ -292,10 +292,10 @@ def test_file_errors(tmp_path):
     with pytest.raises(ValueError, match=r"train_path='.*empty_dir': not a saved dataset directory"):
         DatasetTask(train_path=str(tmp_path / "empty_dir"))
     rows = [{"prompt": "a", "answer": [1]}]
-    with pytest.raises(ValueError, match=r"answer_key='answer': .*t2.jsonl row 0, column 'answer': list is not"):
+    with pytest.raises(ValueError, match=r"answer_key='answer': .*t2.jsonl line 1, column 'answer': list is not"):
         DatasetTask(train_path=write(tmp_path / "t2.jsonl", rows))
     rows = [{"prompt": [{"role": "system", "content": "s"}], "answer": "1"}]
-    with pytest.raises(ValueError, match=r"prompt_key='prompt': .*t3.jsonl row 0, column 'prompt': the chat "
+    with pytest.raises(ValueError, match=r"prompt_key='prompt': .*t3.jsonl line 1, column 'prompt': the chat "
                                          r"messages have no 'user' message"):
         DatasetTask(train_path=write(tmp_path / "t3.jsonl", rows))
 

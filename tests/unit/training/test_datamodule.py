@@ -104,3 +104,20 @@ def test_datamodule_picks_the_multi_turn_workflow_for_multi_turn_tasks(tok):
 def test_datamodule_validates_the_multi_turn_settings(kwargs, message):
     with pytest.raises(ValueError, match=message):
         RolloutDataModule(task="calculator", task_kwargs={"num_train": 1, "num_test": 1}, **kwargs)
+
+
+def test_the_data_sections_keys_types_and_defaults_are_the_data_modules():
+    # The checks before a run know the data section without importing this module (Lightning).
+    import inspect
+
+    from lit_ppo.config import RolloutConfig, type_hints
+    from lit_ppo.config.rollout import DATA_KEYS, DATA_SECTIONS, DATA_TYPES
+
+    parameters = dict(inspect.signature(RolloutDataModule.__init__).parameters)
+    parameters.pop("self")
+    hints = type_hints(RolloutDataModule.__init__)
+    assert sorted(DATA_KEYS) == sorted(parameters)
+    assert DATA_TYPES == {name: hints[name] for name in parameters if name not in DATA_SECTIONS}
+    defaults = RolloutConfig()
+    assert {name: getattr(defaults, name) for name in parameters if hasattr(defaults, name)} == {
+        name: {} if name == "engine_kwargs" else p.default for name, p in parameters.items() if hasattr(defaults, name)}

@@ -127,15 +127,20 @@ def test_a_dataset_file_of_conversations_needs_no_prompt_column_and_holds_out_it
     splits = sft_problems("dataset", {"train_path": str(path), "test_fraction": 0.2, "seed": 0,
                                       "reward_fns": ["math_verify"], "answer_key": "answer"})
     assert (len(splits["train"]), len(splits["test"])) == (8, 2)
-    prompts = sorted(p.prompt for p in (*splits["train"], *splits["test"]))
+    prompts = sorted(p.problem.prompt for p in (*splits["train"], *splits["test"]))
     assert prompts == sorted(f"{i}+1=" for i in range(10))  # every row once, none lost
-    assert all(p.messages[-1]["role"] == "assistant" for p in splits["train"])
+    assert all(p.problem.messages[-1]["role"] == "assistant" for p in splits["train"])
+    # Each problem is named by its line of the file, held out or not: row i (its prompt i+1=) is line i + 1.
+    for problem, where in (*splits["train"], *splits["test"]):
+        assert where == f"{path} line {int(problem.prompt.split('+')[0]) + 1}"
 
 
-def test_a_task_gives_its_own_problems():
+def test_a_task_gives_its_own_problems_each_named_by_its_index():
     splits = sft_problems("arithmetic", {"seed": 0})
     task = build_task("arithmetic", seed=0)
-    assert splits == {"train": task.problems("train"), "test": task.problems("test")} and splits["test"]
+    for split in ("train", "test"):
+        assert [p.problem for p in splits[split]] == list(task.problems(split)) and splits[split]
+        assert splits[split][3].where == f"data.task=arithmetic problems('{split}')[3]"
 
 
 def test_collate_pads_right_and_keeps_each_mask(tok):

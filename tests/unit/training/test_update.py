@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from lit_ppo.algos import policy_loss
 from lit_ppo.config import OptimizerConfig, PPOActorConfig
 from lit_ppo.rollout.batch import RolloutBatch
 from lit_ppo.training.optim import adamw_with_schedule
@@ -103,7 +104,8 @@ def run_update(mb_max_tokens: int, nan_at_minibatch: int | None = None, counts_a
         loss = model.w * x.sum() / n_tokens  # the micro-batch's share of the minibatch's token mean
         if minibatch == nan_at_minibatch:
             loss = loss * math.nan
-        return loss, {"actor": {"loss": loss.detach(), "x_mean": x.sum() / sub.loss_mask.sum()}}
+        generated = sub.loss_mask.sum()
+        return loss, {"actor": {"loss": (loss.detach(), None), "x_mean": (x.sum() / generated, generated)}}
 
     sums = MetricSum()
     skips = optimize(batch_of([[1, 2], [3], [4, 5], [6]]), micro_loss, cfg, prefix="actor", model=model,
@@ -169,3 +171,52 @@ def test_stitched_passes_put_each_rows_outputs_back_in_place_in_eval_mode():
     assert modes == [False, False, False] and model.training  # eval inside, the mode restored after
     assert torch.equal(doubled, batch.behave_logp * 10)
     assert lengths.tolist() == [2.0, 1.0, 3.0]
+
+
+def test_each_actor_statistic_is_its_mean_over_its_own_tokens_across_micro_batches():
+    """Two micro-batches (one row each) whose high-entropy masks keep 2 of 4 and 3 of 3 generated tokens: every
+    statistic is its definition over the tokens it is taken over in the whole batch, computed by hand here, not
+    the micro-batches' means weighted by their generated tokens (approx_kl 0.106 then, 0.0747 now)."""
+    x = [[0.0, 0.1, 0.6, -0.6], [0.0, 0.05, -0.05]]  # log r = log pi_theta - log pi_old (pi_old: log-prob 0)
+    entropies = [[1.0, 2.0, 3.0, 4.0], [1.0, 1.0, 1.0]]  # row 0 keeps its top half (3, 4); row 1 all of its tokens
+    kept = [[False, False, True, True], [True, True, True]]
+    batch = batch_of(x)
+    entropy = batch_of(entropies).behave_logp
+    model = Scalar()
+    wrapper = Wrapper(torch.optim.SGD(model.parameters(), lr=1.0))
+    cfg = PPOActorConfig(ppo_n_minibatches=1, mb_max_tokens=5, top_entropy_quantile=0.5, kl_loss_coef=0.1,
+                         optimizer=OptimizerConfig(gradient_clipping=None))
+    seen = []
+
+    def micro_loss(sub, idx, n_tokens, n_seqs, minibatch):
+        seen.append(idx.tolist())
+        width = sub.input_ids.shape[1]
+        logp = model.w + sub.behave_logp  # log pi_theta = x at w = 0
+        loss, stats = policy_loss(logp, torch.zeros_like(logp), sub.loss_mask.float(), sub.loss_mask, cfg,
+                                  num_tokens=n_tokens, num_seqs=n_seqs, entropy=entropy[idx, :width],
+                                  ref_logp=torch.zeros_like(logp))
+        return loss, {"actor": {k: (v, stats.tokens.get(k)) for k, v in stats.items()}}
+
+    sums = MetricSum()
+    optimize(batch, micro_loss, cfg, prefix="actor", model=model, optimizer=wrapper, counts_as_global_step=True,
+             backward=lambda loss: loss.backward(), world_size=1, version=0, sums=sums)
+    assert seen == [[0], [1]]  # rows of 5 and 4 positions in a budget of 5: one micro-batch each
+    means = sums.means()
+
+    every = [v for row in x for v in row]
+    counted = [v for row, keep in zip(x, kept) for v, k in zip(row, keep) if k]
+    k3_ref = [math.exp(-v) - 1 + v for v in every]  # TRL's kl: exp(ref - logp) - (ref - logp) - 1, ref 0
+    expected = {
+        "actor/approx_kl": sum(math.exp(v) - 1 - v for v in counted) / 5,
+        "actor/importance_weight_mean": sum(math.exp(v) for v in counted) / 5,
+        "actor/clip_fraction": sum(math.exp(v) > 1.2 for v in counted) / 5,  # 0.6 only: r > 1 + eps, A > 0
+        "actor/entropy": sum(v for row in entropies for v in row) / 7,
+        "actor/low_entropy_masked_fraction": 2 / 7,
+        "actor/kl_ref": sum(k3_ref) / 7,
+        "actor/kl_loss": sum(k3_ref) / 7,  # token-mean: the minibatch's shares added up, over all 7 tokens
+    }
+    for key, value in expected.items():
+        assert means[key] == pytest.approx(value, rel=1e-6), key
+    assert means["actor/approx_kl"] == pytest.approx(0.074686, abs=1e-6)
+    assert sums.weights["actor/approx_kl"] == 5.0 and sums.weights["actor/entropy"] == 7.0
+    assert sums.weights["actor/kl_loss"] == 1.0  # one minibatch total

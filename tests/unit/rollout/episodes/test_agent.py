@@ -418,12 +418,12 @@ def malformed_tool(client, problem):
 
 
 @pytest.mark.parametrize("agent, reason", [
-    (overflows, "raised ValueError: chat.completions.create: the conversation holds 5019 tokens and max_tokens=128, "
-                "more than the model's 4096: shorten the messages or lower max_tokens"),
-    (unknown_role, "raised ValueError: chat.completions.create: messages[0] has role 'robot': must be one of system, "
-                   "developer, user, assistant, tool"),
-    (malformed_tool, "raised ValueError: chat.completions.create: tools[0] is invalid: must be {'type': 'function', "
-                     "'function': {'name': ..., 'parameters': {...}}}"),
+    (overflows, "raised InvalidRequest: chat.completions.create: the conversation holds 5019 tokens and "
+                "max_tokens=128, more than the model's 4096: shorten the messages or lower max_tokens"),
+    (unknown_role, "raised InvalidRequest: chat.completions.create: messages[0] has role 'robot': must be one of "
+                   "system, developer, user, assistant, tool"),
+    (malformed_tool, "raised InvalidRequest: chat.completions.create: tools[0] is invalid: must be {'type': "
+                     "'function', 'function': {'name': ..., 'parameters': {...}}}"),
 ])
 def test_a_request_the_client_refuses_fails_the_episode_in_one_line_naming_agent_and_problem(agent, reason):
     with pytest.raises(RunStopped) as stopped:

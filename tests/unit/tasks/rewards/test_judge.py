@@ -179,6 +179,34 @@ def test_an_endpoint_that_refuses_the_key_or_lacks_the_model_fails_at_start(fake
         judge_of(fake)
 
 
+def test_an_endpoint_that_is_not_the_apis_root_fails_at_start(tmp_path):
+    # A web page at base_url answers 200 with no model list: the probe says where the API's root is.
+    import http.server
+    import threading
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"<html>hello</html>")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        with pytest.raises(ValueError) as error:
+            dataset(tmp_path, reward_fns=["judge"], judge={"model": MODEL, "base_url": url})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert str(error.value) == (f"{WHERE}.base_url='{url}': GET {url}/models answered '<html>hello<..., not the "
+                                f"OpenAI API's list of models: base_url must be the API's root, e.g. "
+                                f"http://host:8000/v1")
+
+
 def test_a_request_past_its_timeout_or_failing_stops_in_one_line(fake):
     judge = judge_of(fake, timeout_s=0.2, max_retries=0)
     fake.delay = 1.0
