@@ -251,14 +251,18 @@ def _take(node: dict | list, parts: list[str], target: dict) -> None:
 def evaluation_tree(subcommand: str, ckpt_path: str, overrides: list[str]) -> dict | None:
     """The config of ``validate`` / ``test --ckpt_path``: the run's own, recorded in the checkpoint,
     with ``key=value`` overrides on top (e.g. ``eval.k=16``); None for a checkpoint that records none
-    (then the overrides are fit's, composed from the presets). ConfigError for an override of the
-    model's settings, which the checkpoint's replace."""
-    from lit_ppo.run.resume import recorded_config
+    (then the overrides are fit's, composed from the presets). ConfigError for an sft checkpoint and for an
+    override of the model's settings, which the checkpoint's replace."""
+    from lit_ppo.run.resume import job_of, recorded_config
 
     try:
         text = recorded_config(ckpt_path)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if text is not None and job_of(yaml.safe_load(text) or {}) == "sft":
+        raise ConfigError(f"--ckpt_path {ckpt_path}: was written by sft, whose run has no task to score: {subcommand} "
+                          f"scores fit's checkpoints; score its model on a task instead: python -m lit_ppo export "
+                          f"--ckpt_path {ckpt_path} --output DIR, then python -m lit_ppo {subcommand} model=DIR")
     typed, overrides = overrides, typed_overrides(overrides)
     _check_evaluation_overrides(subcommand, overrides, typed)
     if text is None:

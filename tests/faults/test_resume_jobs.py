@@ -63,6 +63,17 @@ def test_a_checkpoint_is_refused_by_the_job_that_did_not_write_it(checkpoints, j
     assert sorted(p.relative_to(cwd) for p in cwd.rglob("*")) == before  # nothing written, no model cached
 
 
+@pytest.mark.parametrize("subcommand", ["validate", "test"])
+def test_an_sft_checkpoint_is_refused_by_validate_and_test_naming_how_to_score_its_model(checkpoints, subcommand):
+    cwd, _, sft = checkpoints
+    result = run_cli([subcommand, "--ckpt_path", str(sft)], cwd)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.splitlines() == [
+        f"error: --ckpt_path {sft}: was written by sft, whose run has no task to score: {subcommand} scores fit's "
+        f"checkpoints; score its model on a task instead: python -m lit_ppo export --ckpt_path {sft} --output DIR, "
+        f"then python -m lit_ppo {subcommand} model=DIR"]
+
+
 def test_sft_resume_refuses_what_its_batches_were_made_with_and_notes_a_changed_data_file(checkpoints):
     cwd, _, sft = checkpoints
     refused = run_cli(["sft", *SFT[:-1], "sft.batch_size=8", "--ckpt_path", str(sft)], cwd)
