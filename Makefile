@@ -53,6 +53,7 @@ bench: setup
 	$(PY) scripts/bench_rewards.py
 	$(PY) scripts/bench_prox.py
 	$(PY) scripts/bench_vs_trl.py
+	$(PY) scripts/bench_neighbour.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -71,8 +71,11 @@ class ExportModel(L.Callback):
             raise RunStopped(f"the export at the end of fit would delete {foreign} in {self.output_dir(trainer)}, "
                              f"which no lit_ppo export wrote: move it, then export the trained policy with python -m "
                              f"lit_ppo export --ckpt_path {last_checkpoint_path(trainer)} --output DIR")
+        # A module may record more of what it trained (a reward model: its rewards' statistics).
+        record = pl_module.exported_record() if hasattr(pl_module, "exported_record") else None
         path = write_model_dir(policy.eval(), pl_module.tokenizer, self.output_dir(trainer), overwrite=True,
-                               flag="the export", source=model_cfg.source if model_cfg is not None else None)
+                               flag="the export", source=model_cfg.source if model_cfg is not None else None,
+                               record=record)
         policy.train(was_training)
         for logger in trainer.loggers:
             if isinstance(logger, MLFlowLogger):

@@ -1,11 +1,12 @@
 """lit_ppo: a PyTorch Lightning trainer for reinforcement learning of language models (the PPO family).
 
-``lit_ppo.compose`` / ``fit`` / ``validate`` / ``test`` / ``export`` are the Python API (``lit_ppo.api``,
-docs/python-api.md), loaded on first use: ``import lit_ppo`` and the command line's help load no torch."""
+``lit_ppo.compose`` / ``fit`` / ``sft`` / ``rm`` / ``validate`` / ``test`` / ``export`` are the Python API
+(``lit_ppo.api``, docs/python-api.md), loaded on first use: ``import lit_ppo`` and the command line's help load no
+torch."""
 
 __version__ = "0.1.0"
 
-API = ("FitResult", "RunConfig", "compose", "export", "fit", "test", "validate")
+API = ("FitResult", "RunConfig", "compose", "export", "fit", "rm", "sft", "test", "validate")
 """The names of ``lit_ppo.api`` that ``lit_ppo`` exposes."""
 
 

@@ -1,7 +1,8 @@
 """The Python API: ``compose`` a run's config from the presets as the command line does, with Python objects
-(reward functions, Task classes and instances) among its values, then ``fit`` it, ``validate`` / ``test``
-a checkpoint and ``export`` its policy, in this process (docs/python-api.md). Every function checks
-its input as the command line does and raises the same one-line ConfigError for a mistake.
+(reward functions, Task classes and instances) among its values, then ``fit`` it (or, composed for the job,
+``sft`` / ``rm``), ``validate`` / ``test`` a checkpoint and ``export`` its policy or reward model, in this process
+(docs/python-api.md). Every function checks its input as the command line does and raises the same one-line
+ConfigError for a mistake.
 
 A config holds a Python object as a reference (``python:<module>.<name>``, ``lit_ppo.utils.imports``), which
 only this process resolves: such a run trains in one process (no DDP launcher, no scheduler), and its
@@ -14,22 +15,24 @@ import hashlib
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from lit_ppo.config.keys import key_path, set_key, typed_key
-from lit_ppo.config.sections import Sections, check_sections
+from lit_ppo.config.sections import Sections, check_sections, construct
 from lit_ppo.errors import ConfigError
 from lit_ppo.launch import run as launch
 from lit_ppo.launch.compose import compose_run
+from lit_ppo.launch.jobs import JOBS, given_max_steps, section_overrides
 from lit_ppo.launch.lightning_cli import LitPPOCLI
 from lit_ppo.launch.presets import given_task_kwargs, group_options, is_group, keep_taken_task_kwargs
 from lit_ppo.models import default_cache_dir
 from lit_ppo.run import export as run_export
 from lit_ppo.run.lock import release_run_locks
+from lit_ppo.run.resume import job_of
 from lit_ppo.utils.config_values import PLAIN_SCALARS, is_plain
 from lit_ppo.utils.fs import file_sha256, temporary_directory
 from lit_ppo.utils.imports import object_reference, object_references
@@ -70,29 +73,46 @@ class RunConfig:
 
 @dataclass
 class FitResult:
-    """What ``fit`` made."""
+    """What ``fit``, ``sft`` or ``rm`` made."""
 
     run_dir: Path
     """The run's directory: config.yaml, checkpoints/, model/, samples.jsonl, summary.txt."""
     checkpoint: Path
     """Its ``last.ckpt``: resume, validate or export from it."""
     model_dir: Path | None
-    """The final policy as a Hugging Face model directory (transformers and vLLM load it); None when the
-    run stopped early."""
+    """The final policy (of ``rm``, the reward model) as a Hugging Face model directory (transformers and vLLM
+    load it; ``reward_fns`` takes a reward model's); None when the run stopped early."""
     metrics: dict[str, float]
-    """The last value of every metric (``rollout/reward_mean``, ``eval/accuracy``, ...)."""
+    """The last value of every metric (``rollout/reward_mean``, ``eval/accuracy``; ``rm/val_accuracy``, ...)."""
     stopped_by: str | None
     """The signal that stopped the run after a completed iteration (``SIGINT``, ``SIGTERM``), else None."""
 
 
-def compose(*overrides: str, values: dict[str, Any] | None = None) -> RunConfig:
+def compose(*overrides: str, values: dict[str, Any] | None = None, job: str = "fit") -> RunConfig:
     """The config of ``python -m lit_ppo fit <overrides>``: the presets (``algo=grpo``, ``data=dataset``)
     and ``key=value`` overrides composed and checked; then ``values``, ``{key: value}`` under the command
     line's keys, set on top, where a value may be any Python object: a reward function or a lambda in
     ``data.task_kwargs.reward_fns``, a Task class or instance as ``data.task`` (an instance takes no
-    ``data.task_kwargs``: the preset's are dropped unless ``values`` gives some). ConfigError of one line
-    for a mistake."""
-    values = _with_saved_datasets(dict(values or {}))
+    ``data.task_kwargs``: the preset's are dropped unless ``values`` gives some). ``job`` ``sft`` or ``rm``:
+    the config of ``python -m lit_ppo <job> <overrides>`` instead, its ``<job>.*`` keys among the overrides
+    and ``values``, for ``lit_ppo.sft`` / ``lit_ppo.rm``. ConfigError of one line for a mistake."""
+    if job == "fit":
+        return _compose_fit(list(overrides), dict(values or {}))
+    if job not in JOBS:
+        raise ConfigError(f"job={job!r} is not a job: one of fit, {', '.join(JOBS)}")
+    section_class, job_tree = JOBS[job]
+    section, others = section_overrides(list(overrides), job, section_class)
+    values = dict(values or {})
+    own = {key.split(".", 1)[1]: values.pop(key) for key in list(values) if key.startswith(f"{job}.")}
+    if own:
+        section = construct(section_class, {**asdict(section), **own}, job)
+    max_steps = values["trainer.max_steps"] if "trainer.max_steps" in values else given_max_steps(others)
+    return RunConfig(job_tree(_compose_fit(others, values).tree, section, max_steps))
+
+
+def _compose_fit(overrides: list[str], values: dict[str, Any]) -> RunConfig:
+    """``compose``'s config of fit."""
+    values = _with_saved_datasets(values)
     for key, value in values.items():
         if is_group(f"{key}="):
             option = value if isinstance(value, str) else "<option>"
@@ -126,12 +146,37 @@ def fit(config: RunConfig, ckpt_path: str | Path | None = None) -> FitResult:
     exported model. ConfigError for a mistake found before anything loads; RunStopped, of one line, for a
     run that a failure ended (an invalid reward, a stale engine, user code that exited); any other error
     as it was raised."""
+    return _train("fit", launch.fit, config, ckpt_path)
+
+
+def sft(config: RunConfig, ckpt_path: str | Path | None = None) -> FitResult:
+    """Fine-tune as ``config`` (``compose(..., job="sft")``) says, in this process, from scratch or resuming
+    ``ckpt_path``, as ``python -m lit_ppo sft`` does; its ``model_dir`` is what ``compose("model=<dir>")``
+    starts a fit from. Errors as ``fit``'s."""
+    return _train("sft", launch.sft, config, ckpt_path)
+
+
+def rm(config: RunConfig, ckpt_path: str | Path | None = None) -> FitResult:
+    """Train a reward model as ``config`` (``compose(..., job="rm")``) says, in this process, from scratch or
+    resuming ``ckpt_path``, as ``python -m lit_ppo rm`` does; its ``model_dir`` is what
+    ``data.task_kwargs.reward_fns`` takes. Errors as ``fit``'s."""
+    return _train("rm", launch.rm, config, ckpt_path)
+
+
+def _train(job: str, verb: Callable[..., LitPPOCLI], config: RunConfig, ckpt_path: str | Path | None) -> FitResult:
+    """Run the job ``job`` of ``config`` through its verb of ``lit_ppo.launch.run``; what it made."""
     if not isinstance(config, RunConfig):
-        raise TypeError(f"lit_ppo.fit takes the RunConfig that lit_ppo.compose(...) returns, not a "
-                        f"{type(config).__name__}: lit_ppo.fit(lit_ppo.compose('key=value', values={{...}}))")
+        raise TypeError(f"lit_ppo.{job} takes the RunConfig that lit_ppo.compose(...) returns, not a "
+                        f"{type(config).__name__}: lit_ppo.{job}(lit_ppo.compose('key=value', values={{...}}"
+                        f"{'' if job == 'fit' else f', job={job!r}'}))")
+    composed_for = job_of(config.tree)
+    if composed_for != job:
+        how = "lit_ppo.compose(...)" if job == "fit" else f"lit_ppo.compose(..., job={job!r})"
+        raise ConfigError(f"lit_ppo.{job} was given the config of {composed_for}: compose it with {how}"
+                          + (f", or run it with lit_ppo.{composed_for}" if composed_for != "fit" else ""))
     _check_one_process(config.tree)
     try:
-        cli = _run(lambda: launch.fit(copy.deepcopy(config.tree), str(ckpt_path) if ckpt_path is not None else None))
+        cli = _run(lambda: verb(copy.deepcopy(config.tree), str(ckpt_path) if ckpt_path is not None else None))
     finally:
         release_run_locks()  # the run has ended: a resume from another process may continue it
     checkpoint = cli.run_dir / "checkpoints" / "last.ckpt"
@@ -161,8 +206,8 @@ test.__test__ = False  # a function of the API, not one for pytest to collect
 def export(ckpt_path: str | Path, output: str | Path | None = None, *, adapter: str | Path | None = None,
            overwrite: bool = False) -> list[Path]:
     """The checkpoint's policy as a Hugging Face model directory ``output`` (LoRA adapters merged) and / or
-    its LoRA adapter in peft's format at ``adapter``, as ``python -m lit_ppo export`` writes them; the
-    directories written."""
+    its LoRA adapter in peft's format at ``adapter``, as ``python -m lit_ppo export`` writes them (an rm
+    checkpoint's reward model as its run's ``model/``, with its reward statistics); the directories written."""
     quiet_expected_output()
     return run_export.export(ckpt_path, output, overwrite, adapter)
 
@@ -303,4 +348,4 @@ def _override_value(value: Any) -> str:
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
 
 
-__all__ = ["FitResult", "RunConfig", "compose", "export", "fit", "test", "validate"]
+__all__ = ["FitResult", "RunConfig", "compose", "export", "fit", "rm", "sft", "test", "validate"]

@@ -88,9 +88,10 @@ def read_run(workdir: Path) -> dict:
             "eval_problems": int(params["eval.max_problems"])}
 
 
-def greedy_answers(model_dir: Path, count: int = 4) -> list[dict]:
+def greedy_answers(model_dir: Path, max_new_tokens: int, count: int = 4) -> list[dict]:
     """The greedy completions of ``model_dir`` (a Hugging Face directory, as export writes it) for the
-    first ``count`` test problems, as the evaluation generates them (chat template, 96 new tokens)."""
+    first ``count`` test problems, as the evaluation generates them (chat template, the run's
+    ``gconfig.max_new_tokens``: the recipe's 96)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -103,7 +104,8 @@ def greedy_answers(model_dir: Path, count: int = 4) -> list[dict]:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": problem.prompt}], add_generation_prompt=True,
                                             return_tensors="pt", return_dict=True)
         with torch.no_grad():
-            out = model.generate(**ids, do_sample=False, max_new_tokens=96, pad_token_id=tokenizer.eos_token_id)
+            out = model.generate(**ids, do_sample=False, max_new_tokens=max_new_tokens,
+                                 pad_token_id=tokenizer.eos_token_id)
         completion = tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
         rows.append({"prompt": problem.prompt, "answer": problem.answer, "completion": completion,
                      "correct": last_number(completion) == problem.answer})
@@ -167,17 +169,19 @@ def main() -> None:
         # validate prints its scores as a table (eval/accuracy │ 0.17...); it starts no tracked run.
         baseline = float(re.search(r"eval/accuracy\W+([0-9.]+)", (base_dir / "validate.log").read_text()).group(1))
         print(f"untrained: eval/accuracy {baseline:.3f} ({base_cost['wall_s'] / 60:.1f} min)", flush=True)
+        from lit_ppo.launch.compose import compose
         from lit_ppo.models import source_cache_entry
 
-        before = greedy_answers(source_cache_entry("smollm2", cache))
+        max_new_tokens = compose([RECIPE, *overrides])["data"]["gconfig"]["max_new_tokens"]
+        before = greedy_answers(source_cache_entry("smollm2", cache), max_new_tokens)
         results = {}
         for seed in args.seeds:
             workdir = Path(tmp) / f"seed{seed}"
             workdir.mkdir()
             cost = run("fit", [f"seed={seed}", "eval.before_training=false", *overrides], workdir, cache)
             (model_dir,) = workdir.glob("runs/*/*/model")  # the run's export of its final policy
-            results[seed] = {**read_run(workdir), **cost, "greedy": {"before": before,
-                                                                     "after": greedy_answers(model_dir)}}
+            after = greedy_answers(model_dir, max_new_tokens)
+            results[seed] = {**read_run(workdir), **cost, "greedy": {"before": before, "after": after}}
             acc = results[seed]["metrics"]["eval/accuracy"]
             print(f"seed {seed}: eval/accuracy {baseline:.3f} -> {acc[-1][2]:.3f} after {acc[-1][0]} iterations "
                   f"({cost['wall_s'] / 60:.1f} min)", flush=True)

@@ -1,6 +1,6 @@
-"""Layer 9, the command line: ``python -m lit_ppo fit|validate|test|sft|export|compare|sweep``. Each
+"""Layer 9, the command line: ``python -m lit_ppo fit|validate|test|sft|rm|export|compare|sweep``. Each
 subcommand parses and checks its arguments, reports a mistake as one line (exit code 2) and calls the
-layers below (``fit``, ``validate``, ``test`` and ``sft`` the verbs of ``lit_ppo.launch``, each outcome
+layers below (``fit``, ``validate``, ``test``, ``sft`` and ``rm`` the verbs of ``lit_ppo.launch``, each outcome
 reported by ``reporting``); nothing below imports from here.
 
 ``SUBCOMMANDS`` names each subcommand's module, which ``main`` imports only to run it: ``python -m
@@ -44,6 +44,9 @@ SUBCOMMANDS = {
     "sft": Subcommand("lit_ppo.cli.sft", (
         "sft [group=option ...] [key=value ...] [sft.key=value ...] [--ckpt_path CKPT]",),
         ": no model directory was written (the run directory keeps its checkpoints)"),
+    "rm": Subcommand("lit_ppo.cli.rm", (
+        "rm [group=option ...] [key=value ...] [rm.key=value ...] [--ckpt_path CKPT]",),
+        ": no reward model directory was written (the run directory keeps its checkpoints)"),
     "export": Subcommand("lit_ppo.cli.export", (
         "export --ckpt_path CKPT --output DIR [--adapter DIR] [--overwrite]",),
         ": nothing was exported (the output directory is as it was)"),

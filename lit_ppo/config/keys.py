@@ -166,9 +166,16 @@ def foreign_keys_error(keys: list[str], lit_roots: set[str]) -> str | None:
     return f"{names}: {'; '.join(answers.values())}"
 
 
+JOB_SECTIONS = ("data.sft", "data.rm")
+"""Where the trees of the sft and rm jobs hold their own sections, typed as ``sft.*`` and ``rm.*``."""
+
+
 def typed_key(key: str) -> str:
     """The command line's name of LightningCLI's dotted ``key``: ``model.actor.eps_clip`` -> ``actor.eps_clip``,
-    ``data.engine`` -> ``rollout.engine``, ``trainer.logger.init_args.run_name`` -> ``logger.init_args.run_name``."""
+    ``data.engine`` -> ``rollout.engine``, ``trainer.logger.init_args.run_name`` -> ``logger.init_args.run_name``,
+    ``data.rm.epochs`` -> ``rm.epochs``."""
+    if key.startswith(tuple(f"{section}." for section in JOB_SECTIONS)):
+        return key.removeprefix("data.")
     for lightning, typed in LIGHTNING_NAMES:
         if key == lightning or key.startswith(lightning + "."):
             return typed + key[len(lightning):]

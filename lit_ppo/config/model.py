@@ -17,6 +17,11 @@ MODEL_RECORD = "lit_ppo_model.json"
 or hub id the first run started from), through any chain of runs. A run from the directory chooses that
 model's settings (``base_model``): the tiny model's large learning rate for a fine-tuned tiny model."""
 
+REWARD_STATISTICS = "reward_statistics"
+"""The entry of ``MODEL_RECORD`` in a reward model directory that ``python -m lit_ppo rm`` wrote: ``{"mean": M,
+"std": S, "pairs": N}``, the mean and spread of its rewards over both sides of its N training pairs, the
+normalisation that ``reward_fns`` applies to it by default (``recorded_reward_statistics``)."""
+
 DTYPES = ("float32", "bfloat16", "float16")
 """The config names of weight and autocast dtypes (model.dtype, rollout.engine_kwargs.dtype / autocast), each
 the name of its torch dtype (``lit_ppo.models.torch_dtype``)."""
@@ -33,6 +38,19 @@ def base_model(source):
         return source
     base = recorded.get("base_model") if isinstance(recorded, dict) else None
     return base if isinstance(base, str) and base else source
+
+
+def recorded_reward_statistics(directory: str | Path) -> dict[str, float]:
+    """``{"mean": M, "std": S}`` that the reward model ``directory`` records (``REWARD_STATISTICS``), {} where it
+    records none (a directory that ``python -m lit_ppo rm`` did not write)."""
+    try:
+        recorded = json.loads((Path(directory).expanduser() / MODEL_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    statistics = recorded.get(REWARD_STATISTICS) if isinstance(recorded, dict) else None
+    if not isinstance(statistics, dict):
+        return {}
+    return {name: float(statistics[name]) for name in ("mean", "std") if isinstance(statistics.get(name), (int, float))}
 
 
 @dataclass

@@ -2,31 +2,34 @@
 mistake one line naming the key the user typed and what is allowed, in two stages. ``check_values`` needs
 no Lightning, transformers or model, so that a wrong value is refused within a second or two: the config
 sections, the data section's keys and types, its task built as the run builds it (its data and reward
-functions, a judge's endpoint probed), the rollout problem, the logger, its run name and the launch
-environment; then what loads torch (the names the actor refers to) or reads a model directory's config or
-tokenizers (``model.source``, the teacher). ``check_config`` adds Lightning's own arguments (names,
-``max_steps``, the accelerator / devices / strategy / precision combination on this machine, the
-callbacks), and last every prompt with its completion budget within the model's context (its config and
-tokenizer read, no weights) from the task built once. Lightning and the models are imported by the checks
-that need them. Every front door's ``fit``, ``validate`` and ``test`` (whatever their input), and each
-combination of a ``sweep``, come here through ``lit_ppo.launch.run.check``; ``sft`` through
-``check_sft_config``.
+functions, a judge's endpoint probed), the rollout problem, the logger, its run name, the launch
+environment, the trainer's argument names and the values lit_ppo's loop cannot honour, and a teacher's
+vocabulary (its tokenizer's files); then what loads torch (the names the actor refers to) or reads a model
+directory's config (``model.source``, the teacher). ``check_config`` adds every prompt with its completion
+budget within the model's context (its config and tokenizer read, no weights) from the task built once, and
+last what only Lightning can judge (the accelerator / devices / strategy / precision combination on this
+machine, the callbacks). Lightning and the models are imported by the checks that need them. Every front
+door's ``fit``, ``validate`` and ``test`` (whatever their input), and each combination of a ``sweep``, come
+here through ``lit_ppo.launch.run.check``; ``sft`` through ``check_sft_config``, ``rm`` through
+``check_rm_config``.
 """
-
 from __future__ import annotations
 
 import inspect
 import logging
 import os
 import warnings
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from lit_ppo.config import ModelConfig, PPOActorConfig, RolloutConfig, check_value, typed_key
 from lit_ppo.config.keys import foreign_key_hint
 from lit_ppo.config.model import NAMED_SOURCES
+from lit_ppo.config.rm import RMConfig
 from lit_ppo.config.rollout import DATA_KEYS, DATA_SECTIONS, DATA_TYPES
 from lit_ppo.config.sections import Sections, actor_rollout_problem, check_sections, construct
 from lit_ppo.config.sft import SFTActorConfig, SFTConfig
+from lit_ppo.config.trainer import TRAINER_KEYS
 from lit_ppo.errors import ConfigError
 from lit_ppo.launch.presets import EVALUATING
 from lit_ppo.rollout.context import check_context, test_problem_count
@@ -78,10 +81,10 @@ class CheckedValues(NamedTuple):
 
 def check_config(tree: dict, subcommand: str = "fit") -> None:
     """Check a LightningCLI tree for ``subcommand`` before anything is instantiated (no model is loaded):
-    ``check_values``, then Lightning's own arguments, then the prompts within the model's context."""
+    ``check_values``, then the prompts within the model's context, then what only Lightning can judge."""
     checked = check_values(tree, subcommand)
-    check_trainer_args(tree.get("trainer") or {})
     _check_context(checked, subcommand)
+    check_lightning_args(tree.get("trainer") or {})
 
 
 def check_values(tree: dict, subcommand: str = "fit") -> CheckedValues:
@@ -110,6 +113,8 @@ def check_values(tree: dict, subcommand: str = "fit") -> CheckedValues:
     _check_launch_environment(trainer)
     if subcommand == "fit":
         _check_run_names(trainer)
+    check_trainer_values(trainer)
+    _check_teacher(model_cfg, files_only=True)
     from lit_ppo.algos.checks import check_names  # torch: the registries hold the losses themselves
 
     construct(PPOActorConfig, actor, "actor", check_names)
@@ -154,38 +159,55 @@ def _check_context(checked: CheckedValues, subcommand: str) -> None:
 
 
 def check_sft_config(tree: dict) -> None:
-    """Check the sft job's LightningCLI tree (``lit_ppo.launch.sft.sft_tree``) before anything is instantiated:
-    the model and ``actor`` sections, the strategy, the logger, run names and launch environment as a fit's,
-    the model directory, then the examples, the trainer and last each example tokenised by the model's
-    tokenizer (no weights load)."""
+    """Check the sft job's LightningCLI tree (``lit_ppo.launch.sft.sft_tree``) before anything is instantiated
+    (``_check_example_job``, its examples read as ``SFTDataModule`` reads them, without Lightning)."""
+    from lit_ppo.training.sft_examples import SFTExamples
+
+    _check_example_job(tree, "sft", lambda data: SFTExamples(
+        data.get("task", DEFAULT_TASK), data.get("task_kwargs"), construct(SFTConfig, data.get("sft") or {}, "sft"),
+        data.get("system_prompt")))
+
+
+def check_rm_config(tree: dict) -> None:
+    """Check the rm job's LightningCLI tree (``lit_ppo.launch.rm.rm_tree``) before anything is instantiated
+    (``_check_example_job``, its preference pairs read as ``RMDataModule`` reads them, without Lightning)."""
+    from lit_ppo.training.rm_examples import RMPairs
+
+    _check_example_job(tree, "rm", lambda data: RMPairs(
+        data.get("task", DEFAULT_TASK), data.get("task_kwargs"), construct(RMConfig, data.get("rm") or {}, "rm")))
+
+
+def _check_example_job(tree: dict, job: str, datamodule: Callable[[dict], Any]) -> None:
+    """Check the LightningCLI tree of a job that trains on examples of its own (sft, rm): the model and ``actor``
+    sections, the strategy, the logger, run names, launch environment and trainer argument names as a fit's, the
+    model directory, then the examples (``datamodule`` of the data section reads them), each example tokenised
+    by the model's tokenizer (no weights load), and last what only Lightning can judge of the trainer."""
     model = tree.get("model") or {}
     model_cfg = construct(ModelConfig, model.get("model") or {}, "model")
     if model_cfg.teacher is not None:
-        raise ConfigError(f"model.teacher={model_cfg.teacher} is fit's (algo=opd, algo=kdrl): sft trains on the "
-                          f"examples' completions")
+        raise ConfigError(f"model.teacher={model_cfg.teacher} is fit's (algo=opd, algo=kdrl): {job} trains on its "
+                          f"examples")
     construct(SFTActorConfig, model.get("actor") or {}, "actor")
     trainer = tree.get("trainer") or {}
     strategy = trainer.get("strategy")
     if strategy not in (None, "auto") and not str(strategy).startswith("ddp"):
-        raise ConfigError(f"trainer.strategy={strategy!r}: sft runs in one process or under trainer=ddp")
+        raise ConfigError(f"trainer.strategy={strategy!r}: {job} runs in one process or under trainer=ddp")
     _check_logger(trainer)
     _check_launch_environment(trainer)
     _check_run_names(trainer)
+    check_trainer_values(trainer, manual_optimization=False)
     _check_model_source(model_cfg)
-    from lit_ppo.training.sft_data import SFTDataModule  # Lightning: the examples are read by the data module
-
-    data = dict(tree.get("data") or {})
     try:  # reads the examples (no model): bad data is one line
-        datamodule = SFTDataModule(**{**data, "sft": construct(SFTConfig, data.get("sft") or {}, "sft")})
+        examples = datamodule(dict(tree.get("data") or {}))
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None
-    check_trainer_args(trainer, manual_optimization=False)
     from lit_ppo.models import load_policy_tokenizer
 
-    try:  # every example, last: the tokenizer is the first thing loaded
-        datamodule.tokenize(load_policy_tokenizer(model_cfg))
+    try:  # every example: the tokenizer is the first thing loaded
+        examples.tokenize(load_policy_tokenizer(model_cfg))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    check_lightning_args(trainer)
 
 
 def _check_model_source(model_cfg: ModelConfig) -> None:
@@ -198,12 +220,16 @@ def _check_model_source(model_cfg: ModelConfig) -> None:
             raise ConfigError(f"model.source={model_cfg.source} {problem}")
 
 
-def _check_teacher(model_cfg: ModelConfig) -> None:
-    """A ``model.teacher`` that cannot score the policy's tokens (its tokenizer and the policy's read)."""
+def _check_teacher(model_cfg: ModelConfig, files_only: bool = False) -> None:
+    """A ``model.teacher`` that cannot score the policy's tokens: ``files_only``, what its files and the
+    tokenizers' tell without torch (a directory, its vocabulary against the policy's), else that it is a causal
+    LM (its config and weights' headers read)."""
     if model_cfg.teacher is not None:
-        from lit_ppo.models import teacher_problem
+        from lit_ppo.models.local_model import model_dir_problem
+        from lit_ppo.models.teacher import teacher_tokenizer_problem
 
-        problem = teacher_problem(model_cfg.teacher, model_cfg.source, model_cfg.cache_dir)
+        problem = (teacher_tokenizer_problem(model_cfg.teacher, model_cfg.source, model_cfg.cache_dir) if files_only
+                   else model_dir_problem(model_cfg.teacher))
         if problem is not None:
             raise ConfigError(f"model.teacher={model_cfg.teacher} {problem}")
 
@@ -245,17 +271,13 @@ MANUAL_OPTIMIZATION_SETTINGS = {
 argument -> (the values that ask nothing of it, lit_ppo's own setting)."""
 
 
-def check_trainer_args(trainer: dict, manual_optimization: bool = True) -> None:
-    """Check Lightning's own arguments without building a model: names, what a module that steps its
-    optimizers itself cannot honour (``manual_optimization``: LitPPO's), ``max_steps``, the
-    accelerator / devices / strategy / precision combination on this machine, and the callbacks."""
-    import lightning as L
-
-    allowed = list(inspect.signature(L.Trainer.__init__).parameters)[1:]
+def check_trainer_values(trainer: dict, manual_optimization: bool = True) -> None:
+    """Check Lightning's own arguments as far as their values tell, without Lightning: names, what a module that
+    steps its optimizers itself cannot honour (``manual_optimization``: LitPPO's) and ``max_steps``."""
     for name in trainer:
-        if name not in allowed:
+        if name not in TRAINER_KEYS:
             raise ConfigError(f"trainer.{name} is not a key"
-                              f"{foreign_key_hint(name) or did_you_mean(name, allowed, prefix='trainer.')}")
+                              f"{foreign_key_hint(name) or did_you_mean(name, TRAINER_KEYS, prefix='trainer.')}")
     for name, value in trainer.items() if manual_optimization else ():
         if name in MANUAL_OPTIMIZATION_SETTINGS and value not in MANUAL_OPTIMIZATION_SETTINGS[name][0]:
             raise ConfigError(f"trainer.{name}={value!r} cannot be honoured: lit_ppo steps its optimizers itself "
@@ -264,6 +286,11 @@ def check_trainer_args(trainer: dict, manual_optimization: bool = True) -> None:
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or (max_steps < 1 and max_steps != -1):
         raise ConfigError(f"trainer.max_steps={max_steps!r} is invalid: must be a positive integer (RL iterations) "
                           f"or -1 (no limit)")
+
+
+def check_lightning_args(trainer: dict) -> None:
+    """Check what only Lightning can judge of its arguments, without building a model: the accelerator / devices
+    / strategy / precision combination on this machine, and the callbacks."""
     _check_devices(trainer)
     for i, spec in enumerate(trainer.get("callbacks") or []):
         _check_callback(i, spec)

@@ -9,7 +9,6 @@ to it (``_suggest``).
 
 from __future__ import annotations
 
-import inspect
 import typing
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from lit_ppo.config.rollout import DATA_KEYS, DATA_SECTIONS
 from lit_ppo.config.samples import SamplesConfig
 from lit_ppo.config.scheduler import JobConfig, RayConfig, SlurmConfig, scheduler_config
 from lit_ppo.config.sections import construct
+from lit_ppo.config.trainer import TRAINER_KEYS
 from lit_ppo.errors import ConfigError
 from lit_ppo.launch.explain import explain_hydra_error
 from lit_ppo.launch.presets import (
@@ -75,20 +75,12 @@ ROOTS = (*_SECTION_TYPES, "data", "rollout", "scheduler", "trainer", "logger")
 """The Hydra-side sections whose keys are known, in the order suggestions list them."""
 
 
-def _trainer_keys() -> list[str]:
-    """Lightning's Trainer arguments, imported only when a ``trainer.*`` key is looked up: a mistake
-    elsewhere is reported before Lightning loads."""
-    import lightning
-
-    return list(inspect.signature(lightning.Trainer.__init__).parameters)[1:]
-
-
 def _root_keys(root: str) -> list[str]:
     """The keys of the Hydra-side section ``root``; [] where unknown."""
     if root in _SECTION_TYPES:
         return [f.name for f in fields(_SECTION_TYPES[root])]
     if root == "trainer":
-        return _trainer_keys()
+        return list(TRAINER_KEYS)
     return {"data": list(DATA_KEYS), "rollout": list(ROLLOUT_KEYS),
             "scheduler": [f.name for cls in (SlurmConfig, RayConfig) for f in fields(cls)],
             "logger": ["class_path", "init_args"]}.get(root, [])
@@ -222,9 +214,10 @@ def compose_run(overrides: list[str]) -> tuple[dict, JobConfig | None]:
     overrides = _model_dir_overrides(typed_overrides(overrides))
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            presets = hydra_compose(config_name="config", overrides=[o for o in overrides if is_group(o)])
+            groups = [o for o in overrides if is_group(o)]
+            presets = hydra_compose(config_name="config", overrides=groups)
             overrides = _add_known_keys(overrides, presets)
-            cfg = hydra_compose(config_name="config", overrides=overrides)
+            cfg = presets if overrides == groups else hydra_compose(config_name="config", overrides=overrides)
         task = OmegaConf.select(cfg, "data.task")
         if task != OmegaConf.select(presets, "data.task") and OmegaConf.select(cfg, "data.task_kwargs") is not None:
             with open_dict(cfg):

@@ -3,9 +3,9 @@ starts from a checkpoint, read from it with the command's changes on top (``resu
 --ckpt_path``, ``evaluation_tree`` for ``validate|test --ckpt_path``); ``check`` a LightningCLI tree (and
 the checkpoint it resumes or scores) before anything loads; ``run`` it through LitPPOCLI in this process.
 Over them, the jobs: ``fit`` (resume, check, note, run, the failure left pending), ``evaluate``
-(``validate`` and ``test``) and ``sft``, the same sequence with LitSFT and SFTDataModule; a new job is one
-more such verb. Lightning, the trained modules and the checkpoints' readers are imported by the verbs that
-use them, so that ``check`` refuses a wrong value before any of them loads."""
+(``validate`` and ``test``), ``sft`` and ``rm``, the same sequence with LitSFT and SFTDataModule, LitRM and
+RMDataModule; a new job is one more such verb. Lightning, the trained modules and the checkpoints' readers
+are imported by the verbs that use them, so that ``check`` refuses a wrong value before any of them loads."""
 
 from __future__ import annotations
 
@@ -14,17 +14,18 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import yaml
 
 from lit_ppo.config.keys import LIGHTNING_SECTIONS, set_key
+from lit_ppo.config.rm import RMConfig
 from lit_ppo.config.sft import SFTConfig
 from lit_ppo.errors import ConfigError, RunStopped
-from lit_ppo.launch.check import check_config, check_sft_config
+from lit_ppo.launch.check import check_config, check_rm_config, check_sft_config
 from lit_ppo.launch.compose import compose_run, real_model_note
 from lit_ppo.launch.presets import is_group, typed_overrides
+from lit_ppo.launch.rm import rm_tree
 from lit_ppo.launch.sft import sft_tree
 from lit_ppo.run.processes import launched_as_rank_zero
 from lit_ppo.run.run_dir import check_job_run_dir, last_checkpoint
@@ -129,22 +130,40 @@ def evaluate(subcommand: str, tree: dict, ckpt_path: str | None, *, recorded: bo
     return cli
 
 
-def sft(tree: dict, ckpt_path: str | None = None, *, overrides: list[str] | None = None) -> Path:
+def sft(tree: dict, ckpt_path: str | None = None, *, overrides: list[str] | None = None) -> LitPPOCLI:
     """Fine-tune as the sft job's LightningCLI ``tree`` says (``lit_ppo.launch.sft.sft_tree``) in this process,
     through fit's sequence: resumed (``overrides``: the command line's, ``sft.*`` included), checked
     (``check_sft_config``, and the checkpoint as fit's: ``check_checkpoint``), run, RunFailed for a failure that
-    ended it. The model directory it wrote, which its summary names with the ``fit model=<dir>`` that starts
-    from it."""
+    ended it. The finished LitPPOCLI; the model directory it wrote is ``<run dir>/model``, which its summary
+    names with the ``fit model=<dir>`` that starts from it."""
+    return _train_job(tree, ckpt_path, overrides, sft_tree(compose_run([])[0], SFTConfig()), check_sft_config,
+                      _sft_cli)
+
+
+def rm(tree: dict, ckpt_path: str | None = None, *, overrides: list[str] | None = None) -> LitPPOCLI:
+    """Train a reward model as the rm job's LightningCLI ``tree`` says (``lit_ppo.launch.rm.rm_tree``) in this
+    process, through sft's sequence (``overrides``: the command line's, ``rm.*`` included; ``check_rm_config``).
+    The finished LitPPOCLI; the reward model directory it wrote, ``<run dir>/model``, is what
+    ``data.task_kwargs.reward_fns`` takes."""
+    return _train_job(tree, ckpt_path, overrides, rm_tree(compose_run([])[0], RMConfig()), check_rm_config, _rm_cli)
+
+
+def _train_job(tree: dict, ckpt_path: str | None, overrides: list[str] | None, presets: dict,
+               check_job_config: Callable[[dict], None], builder: Callable[[list[str]], LitPPOCLI]) -> LitPPOCLI:
+    """A job that trains a model on examples (sft, rm) through fit's sequence: resumed from ``ckpt_path`` with
+    what ``overrides`` change of the job's ``presets`` tree, checked (``check_job_config``, and the checkpoint as
+    fit's: ``check_checkpoint``), run by ``builder``'s LitPPOCLI, RunFailed for a failure that ended it. The
+    finished LitPPOCLI."""
     if ckpt_path is not None:
-        resumed = resume_fit(ckpt_path, tree, overrides, presets=sft_tree(compose_run([])[0], SFTConfig()))
+        resumed = resume_fit(ckpt_path, tree, overrides, presets=presets)
         if resumed is not None:
             tree, ckpt_path = resumed
-    check_sft_config(tree)
+    check_job_config(tree)
     if ckpt_path is not None:
         check_checkpoint(ckpt_path, tree)
-    trainer = run("fit", tree, ckpt_path, builder=_sft_cli).trainer
+    cli = run("fit", tree, ckpt_path, builder=builder)
     fail_if_pending()
-    return Path(trainer.default_root_dir) / "model"
+    return cli
 
 
 def _sft_cli(args: list[str]) -> LitPPOCLI:
@@ -154,6 +173,15 @@ def _sft_cli(args: list[str]) -> LitPPOCLI:
     from lit_ppo.training.sft_data import SFTDataModule
 
     return LitPPOCLI(args, model_class=LitSFT, datamodule_class=SFTDataModule)
+
+
+def _rm_cli(args: list[str]) -> LitPPOCLI:
+    """LitPPOCLI of the rm job."""
+    from lit_ppo.launch.lightning_cli import LitPPOCLI
+    from lit_ppo.training.rm import LitRM
+    from lit_ppo.training.rm_data import RMDataModule
+
+    return LitPPOCLI(args, model_class=LitRM, datamodule_class=RMDataModule)
 
 
 @contextmanager
@@ -251,7 +279,7 @@ def _take(node: dict | list, parts: list[str], target: dict) -> None:
 def evaluation_tree(subcommand: str, ckpt_path: str, overrides: list[str]) -> dict | None:
     """The config of ``validate`` / ``test --ckpt_path``: the run's own, recorded in the checkpoint,
     with ``key=value`` overrides on top (e.g. ``eval.k=16``); None for a checkpoint that records none
-    (then the overrides are fit's, composed from the presets). ConfigError for an sft checkpoint and for an
+    (then the overrides are fit's, composed from the presets). ConfigError for an sft or rm checkpoint and for an
     override of the model's settings, which the checkpoint's replace."""
     from lit_ppo.run.resume import job_of, recorded_config
 
@@ -259,7 +287,12 @@ def evaluation_tree(subcommand: str, ckpt_path: str, overrides: list[str]) -> di
         text = recorded_config(ckpt_path)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if text is not None and job_of(yaml.safe_load(text) or {}) == "sft":
+    job = job_of(yaml.safe_load(text) or {}) if text is not None else "fit"
+    if job == "rm":
+        raise ConfigError(f"--ckpt_path {ckpt_path}: was written by rm, a reward model's run, which has no policy to "
+                          f"score: {subcommand} scores fit's checkpoints; its run directory's model/ is a reward for "
+                          f"fit: 'data.task_kwargs.reward_fns=[<run dir>/model]'")
+    if job == "sft":
         raise ConfigError(f"--ckpt_path {ckpt_path}: was written by sft, whose run has no task to score: {subcommand} "
                           f"scores fit's checkpoints; score its model on a task instead: python -m lit_ppo export "
                           f"--ckpt_path {ckpt_path} --output DIR, then python -m lit_ppo {subcommand} model=DIR")

@@ -27,16 +27,23 @@ SFT_SUMMARY = {"class_path": "lit_ppo.training.sft.SFTSummary"}
 
 def sft_tree(tree: dict, sft: SFTConfig, max_steps: int | None = None) -> dict:
     """The sft job's LightningCLI tree from fit's composed ``tree``, with the ``sft`` section and the
-    ``trainer.max_steps`` given on the command line (None: ``sft.epochs`` decide). The trainer section keeps
-    fit's keys but those of an RL iteration: ``max_steps`` (the presets' count iterations), and of the
-    callbacks the checkpoints only."""
-    model, data = tree.get("model") or {}, tree.get("data") or {}
+    ``trainer.max_steps`` given on the command line (None: ``sft.epochs`` decide) (``job_tree``)."""
+    data = tree.get("data") or {}
+    return job_tree(tree, "sft", {key: data[key] for key in SFT_DATA_KEYS if key in data}, {"sft": asdict(sft)},
+                    [SFT_PROGRESS, SFT_SUMMARY], max_steps)
+
+
+def job_tree(tree: dict, algo: str, data: dict, section: dict, reports: list[dict], max_steps: int | None) -> dict:
+    """The LightningCLI tree of a job that trains the ``model`` section's model on examples of its own (sft's,
+    rm's) from fit's composed ``tree``: the model and ``actor.optimizer`` sections, ``algo`` its name, the data
+    section of ``data`` (what the job reads of fit's) and the job's own ``section``, and the trainer section with
+    fit's keys but those of an RL iteration: ``max_steps`` (the presets' count iterations; None: the job's epochs
+    decide), and of the callbacks the checkpoints only, then the job's ``reports`` (its progress and summary)."""
+    model = tree.get("model") or {}
     trainer = dict(tree.get("trainer") or {})
     checkpoints = [c for c in trainer.get("callbacks") or [] if isinstance(c, dict)
                    and str(c.get("class_path", "")).endswith("ModelCheckpoint")]
-    trainer.update(SFT_TRAINER, max_steps=-1 if max_steps is None else max_steps,
-                   callbacks=[*checkpoints, SFT_PROGRESS, SFT_SUMMARY])
+    trainer.update(SFT_TRAINER, max_steps=-1 if max_steps is None else max_steps, callbacks=[*checkpoints, *reports])
     return {"model": {"model": model.get("model") or {},
-                      "actor": {"optimizer": (model.get("actor") or {}).get("optimizer") or {}}, "algo": "sft"},
-            "data": {**{key: data[key] for key in SFT_DATA_KEYS if key in data}, "sft": asdict(sft)},
-            "trainer": trainer, "seed_everything": tree.get("seed_everything", 0)}
+                      "actor": {"optimizer": (model.get("actor") or {}).get("optimizer") or {}}, "algo": algo},
+            "data": {**data, **section}, "trainer": trainer, "seed_everything": tree.get("seed_everything", 0)}

@@ -100,10 +100,11 @@ def check_apart(output: Path, flag: str, reads: dict[str, Path]) -> None:
 
 
 def write_model_dir(model, tokenizer, output: str | Path, overwrite: bool = False, flag: str = "--output",
-                    source: str | None = None) -> Path:
+                    source: str | None = None, record: dict | None = None) -> Path:
     """Write ``model`` and ``tokenizer`` (with its chat template) to ``output`` atomically; ``flag``
     names it in errors. ``source``: the model.source it was trained from, whose base model the directory
-    records (``lit_ppo.config.model.MODEL_RECORD``); None records none."""
+    records (``lit_ppo.config.model.MODEL_RECORD``); None records none. ``record``: more entries of that
+    record (a reward model's statistics)."""
     from transformers import GenerationConfig
 
     if getattr(model, "generation_config", None) is None:
@@ -112,7 +113,8 @@ def write_model_dir(model, tokenizer, output: str | Path, overwrite: bool = Fals
     def write(tmp: Path) -> None:
         write_hf_files(model, tokenizer, tmp)
         if source is not None:
-            (tmp / MODEL_RECORD).write_text(json.dumps({"base_model": base_model(source)}) + "\n", encoding="utf-8")
+            (tmp / MODEL_RECORD).write_text(json.dumps({"base_model": base_model(source), **(record or {})}) + "\n",
+                                            encoding="utf-8")
 
     return publish(output, overwrite, flag, write)
 

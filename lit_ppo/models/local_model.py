@@ -8,8 +8,10 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a model is built: the checks read files
+    import torch
 
 
 def _load_dir(path: str | Path, dtype: torch.dtype):
@@ -82,10 +84,10 @@ def _auto_class(head: str):
     return AutoModelForCausalLM if head == "causal" else AutoModelForSequenceClassification
 
 
-def model_dir_problem(path: str | Path, head: str = "causal") -> str | None:
-    """Why the local directory or cached hub model ``path`` cannot be loaded as ``head`` (a causal LM, or a
-    sequence classifier such as a reward model), or None. Reads its config.json through transformers (no
-    weights are loaded)."""
+def model_files_problem(path: str | Path) -> str | None:
+    """Why the local directory or cached hub model ``path`` is no Hugging Face model directory (no such
+    directory, no config.json, no tokenizer file), or None: what ``model_dir_problem`` checks first, from
+    the directory listing alone."""
     given = str(path)
     path = model_source_dir(given)
     if not path.is_dir():
@@ -97,6 +99,17 @@ def model_dir_problem(path: str | Path, head: str = "causal") -> str | None:
         return "has no config.json: must be a Hugging Face model directory"
     if not any((path / name).is_file() for name in _TOKENIZER_FILES):
         return f"has no tokenizer (none of {', '.join(_TOKENIZER_FILES)})"
+    return None
+
+
+def model_dir_problem(path: str | Path, head: str = "causal") -> str | None:
+    """Why the local directory or cached hub model ``path`` cannot be loaded as ``head`` (a causal LM, or a
+    sequence classifier such as a reward model), or None. Reads its config.json through transformers (no
+    weights are loaded)."""
+    problem = model_files_problem(path)
+    if problem is not None:
+        return problem
+    path = model_source_dir(str(path))
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
@@ -192,6 +205,8 @@ def _safetensors_header(file: Path) -> dict[str, list[int]] | str:
 def _shape_problem(shapes: dict[str, list[int]], config, head: str) -> str | None:
     """The first weight of the model ``config`` describes (as ``head``) that ``shapes`` (the checkpoint's
     tensors) lacks or holds in another shape; None if the model cannot be built here (the load then tells)."""
+    import torch
+
     try:
         with torch.device("meta"):
             model = _auto_class(head).from_config(config)

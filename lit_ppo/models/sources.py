@@ -17,7 +17,6 @@ import torch
 
 from lit_ppo.config.model import NAMED_SOURCES
 from lit_ppo.errors import ConfigError
-from lit_ppo.models.attention import use_float32_attention_on_cpu
 from lit_ppo.models.cache import _cached, cache_entry
 from lit_ppo.models.local_model import _load_dir, _load_tokenizer, model_source_dir
 from lit_ppo.models.smollm2 import SMOLLM2_CACHE_NAME, _convert_smollm2
@@ -40,6 +39,8 @@ def load_causal_lm(source: str, cache_dir: str | Path | None = None, dtype: torc
     ``cache_dir/smollm2-135m-instruct-q4_1``; later calls load the safetensors copy. Models on sdpa
     attention compute it in float32 on CPU under autocast (``lit_ppo.models.attention``).
     """
+    from lit_ppo.models.attention import use_float32_attention_on_cpu  # transformers' model code, seconds to import
+
     if source == "tiny":
         model, tokenizer = build_tiny(TinyModelConfig(), cache_dir, dtype)
     elif source == "smollm2":

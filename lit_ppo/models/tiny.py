@@ -8,12 +8,13 @@ import json
 import string
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from lit_ppo.models.cache import _cached
-from lit_ppo.models.hf_dir import write_hf_files
 from lit_ppo.models.local_model import _load_dir
+
+if TYPE_CHECKING:  # torch is imported where the model is built: the checks read its tokenizer alone
+    import torch
 
 PAD, END, USER, ASSISTANT, SYSTEM, UNK = "<|pad|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<|unk|>"
 SPECIAL_TOKENS = (PAD, END, USER, ASSISTANT, SYSTEM, UNK)
@@ -73,18 +74,25 @@ class TinyModelConfig:
         return "tiny-" + hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def build_tiny_tokenizer(model_max_length: int = 128):
-    """The character-level ``PreTrainedTokenizerFast`` of the tiny model (no download)."""
+def tiny_tokenizer_backend():
+    """The character-level ``tokenizers.Tokenizer`` under the tiny model's tokenizer: what reading its
+    vocabulary needs, without transformers."""
     from tokenizers import Tokenizer, decoders, models
-    from transformers import PreTrainedTokenizerFast
 
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}
     # BPE without merges and without a pre-tokenizer = one token per character, unknowns -> <|unk|>.
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
     backend.add_special_tokens(list(SPECIAL_TOKENS))  # matched whole, before the character split
     backend.decoder = decoders.Fuse()  # join characters without the default space separator
+    return backend
+
+
+def build_tiny_tokenizer(model_max_length: int = 128):
+    """The character-level ``PreTrainedTokenizerFast`` of the tiny model (no download)."""
+    from transformers import PreTrainedTokenizerFast
+
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token=PAD, eos_token=END, unk_token=UNK,
+        tokenizer_object=tiny_tokenizer_backend(), pad_token=PAD, eos_token=END, unk_token=UNK,
         additional_special_tokens=[USER, ASSISTANT, SYSTEM], chat_template=TINY_CHAT_TEMPLATE,
         model_max_length=model_max_length,
     )
@@ -92,6 +100,7 @@ def build_tiny_tokenizer(model_max_length: int = 128):
 
 def _build_tiny_fresh(cfg: TinyModelConfig):
     """A freshly initialised tiny LlamaForCausalLM and its tokenizer (not cached)."""
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_tiny_tokenizer(cfg.max_position_embeddings)
@@ -112,16 +121,21 @@ def _build_tiny_fresh(cfg: TinyModelConfig):
 
 
 def build_tiny(cfg: TinyModelConfig | None = None, cache_dir: str | Path | None = None,
-               dtype: torch.dtype = torch.float32):
-    """``(model, tokenizer)`` of the tiny config: built and saved to ``cache_dir/tiny-<hash>`` on
-    first use, loaded from there afterwards (so every call returns the same weights)."""
-    return _load_dir(tiny_dir(cfg or TinyModelConfig(), cache_dir), dtype)
+               dtype: torch.dtype | None = None):
+    """``(model, tokenizer)`` of the tiny config in ``dtype`` (None: float32): built and saved to
+    ``cache_dir/tiny-<hash>`` on first use, loaded from there afterwards (so every call returns the same
+    weights)."""
+    import torch
+
+    return _load_dir(tiny_dir(cfg or TinyModelConfig(), cache_dir), dtype or torch.float32)
 
 
 def tiny_dir(cfg: TinyModelConfig, cache_dir: str | Path | None = None) -> Path:
     """The cache entry ``cache_dir/tiny-<hash>`` of the tiny config, built and saved on first use."""
 
     def write(tmp: Path) -> None:
+        from lit_ppo.models.hf_dir import write_hf_files
+
         write_hf_files(*_build_tiny_fresh(cfg), tmp)
 
     return _cached(cache_dir, cfg.cache_name(), write)

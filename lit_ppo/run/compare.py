@@ -8,7 +8,8 @@ one row per run in start order and draws ``--metric`` against the iteration, one
 The columns, all read back from MLflow:
 
 - iterations: the last step of ``rollout/reward_mean`` (MLflow steps are the iterations as the console
-  prints them, from 1), so a finished run shows its ``trainer.max_steps``;
+  prints them, from 1), so a finished run shows its ``trainer.max_steps``; for a run that logged none (an
+  ``sft`` or ``rm`` run, compared by ``--metric rm/val_accuracy``, say), the last step of ``--metric``;
 - final reward / best reward: the last and the largest value of ``rollout/reward_mean``;
 - eval accuracy, kl, approx_kl, clip fraction, entropy: the last ``eval/accuracy``, ``actor/kl_ref`` (TRL's
   kl, to the reference or the teacher), ``actor/approx_kl`` (the policy's change per update),
@@ -182,8 +183,10 @@ def metric_history(client, run_id: str, metric: str) -> list:
     return list(by_step.values())
 
 
-def summarize(client, run) -> RunSummary:
+def summarize(client, run, metric: str = REWARD) -> RunSummary:
+    """The row of ``run``; its iterations are those of ``metric`` where it logged no reward (an sft or rm run)."""
     rewards = metric_history(client, run.info.run_id, REWARD)
+    steps = rewards or metric_history(client, run.info.run_id, metric)
     rate = None
     if len(rewards) >= 2 and rewards[-1].timestamp > rewards[0].timestamp:
         rate = (rewards[-1].step - rewards[0].step) / ((rewards[-1].timestamp - rewards[0].timestamp) / 1000)
@@ -191,7 +194,7 @@ def summarize(client, run) -> RunSummary:
     return RunSummary(
         run_id=run.info.run_id, name=run.info.run_name or run.info.run_id,
         algo=run.data.tags.get("algo") or run.data.params.get("algo") or "-",
-        iterations=rewards[-1].step if rewards else 0,
+        iterations=steps[-1].step if steps else 0,
         final_reward=rewards[-1].value if rewards else None,
         best_reward=max(point.value for point in rewards) if rewards else None,
         iterations_per_s=rate, eval_accuracy=metrics.get("eval/accuracy"), kl=metrics.get("actor/kl_ref"),
@@ -302,7 +305,7 @@ def compare(run_ids: list[str] | None = None, experiment: str | None = None, met
     client = open_store(uri)
     runs = select_runs(client, experiment, run_ids)
     lines = curves(client, runs, metric)
-    summaries = [summarize(client, run) for run in runs]
+    summaries = [summarize(client, run, metric) for run in runs]
     print(format_table(summaries, extra), flush=True)
     draw(lines, {summary.name: summary.algo for summary in summaries}, metric, path)
     print(f"figure of {metric}: {path}", flush=True)

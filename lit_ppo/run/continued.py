@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from lit_ppo.errors import TrackingError
-from lit_ppo.run.loggers import WandbRunLogger, logger_specs, mlflow_loggers, tracking_setting
 from lit_ppo.run.resume import checkpoint_step, newest_checkpoint, recorded_run, saved_step
 from lit_ppo.run.run_dir import new_run_dir
 from lit_ppo.utils.config_values import config_mapping, config_value, set_config_value
@@ -60,6 +59,8 @@ def continued_run(config: Any) -> Path | None:
     """On a resume, the checkpoint's run directory, its MLflow run set as the first MLflow logger's
     ``run_id``; a new run directory for a checkpoint that branches from its run (``_branch``); None (with a
     one-line note when a checkpoint was given) to start a new run."""
+    from lit_ppo.run.loggers import WandbRunLogger, logger_specs, mlflow_loggers, tracking_setting  # Lightning's
+
     ckpt_path = config_value(config, "ckpt_path")
     record = recorded_run(ckpt_path)
     if record is None:

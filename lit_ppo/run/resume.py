@@ -17,8 +17,9 @@ import yaml
 
 from lit_ppo.config.checkpoint import CALLBACK_ARGUMENTS, CHECKPOINT_CALLBACK, checkpoint_key
 from lit_ppo.config.keys import lightning_path, typed_key
+from lit_ppo.config.rm import RM_ALGO
 from lit_ppo.errors import ConfigError
-from lit_ppo.training.checkpoint_io import (
+from lit_ppo.training.checkpoint_files import (
     DISTRIBUTED_META,
     PERIODIC_NAME,
     is_distributed_checkpoint,
@@ -47,8 +48,9 @@ def _differences(saved: dict, expected: dict) -> list[str]:
 
 
 def job_of(tree: dict) -> str:
-    """The job that LightningCLI's config ``tree`` runs: ``sft`` (its model's algo is sft) or ``fit``."""
-    return "sft" if (tree.get("model") or {}).get("algo") == SFT_ALGO else "fit"
+    """The job that LightningCLI's config ``tree`` runs: ``sft`` or ``rm`` (its model's algo names it) or ``fit``."""
+    algo = (tree.get("model") or {}).get("algo")
+    return algo if algo in (SFT_ALGO, RM_ALGO) else "fit"
 
 
 def check_job(ckpt_path: str, recorded: dict, job: str) -> None:
@@ -59,11 +61,14 @@ def check_job(ckpt_path: str, recorded: dict, job: str) -> None:
     if written_by == job:
         return
     algo = (recorded.get("model") or {}).get("algo")
-    maker = "sft" if written_by == "sft" else f"fit (algo={algo})"
+    maker = written_by if written_by != "fit" else f"fit (algo={algo})"
+    # A reward model is no policy to start from: it is what fit scores with.
+    start = (f"its reward model is a reward for fit: python -m lit_ppo export --ckpt_path {ckpt_path} --output DIR, "
+             f"then python -m lit_ppo fit 'data.task_kwargs.reward_fns=[DIR]'" if written_by == RM_ALGO else
+             f"start {job} from its model instead: python -m lit_ppo export --ckpt_path {ckpt_path} --output DIR, "
+             f"then python -m lit_ppo {job} model=DIR")
     raise ConfigError(f"--ckpt_path {ckpt_path}: was written by {maker}, not by {job}: {job} resumes only its own "
-                      f"checkpoints (the optimizer, schedule and data position are the job's); start {job} from its "
-                      f"model instead: python -m lit_ppo export --ckpt_path {ckpt_path} --output DIR, then "
-                      f"python -m lit_ppo {job} model=DIR")
+                      f"checkpoints (the optimizer, schedule and data position are the job's); {start}")
 
 
 def check_resume(ckpt_path: str, tree: dict) -> None:
@@ -145,6 +150,10 @@ FIXED_ON_SFT_RESUME = tuple(f"{SFT_SECTION}.{name}" for name in ("batch_size", "
 """The sft keys that a resume cannot change: the run's batches, one list over its epochs that a resume takes
 up at its step, and the completions they train on were made with them (``sft.epochs`` and ``sft.max_length``
 can change)."""
+RM_SECTION = "data.rm"
+"""Where LightningCLI's tree of the rm job holds the ``rm`` section (``lit_ppo.launch.rm.rm_tree``)."""
+FIXED_ON_RM_RESUME = tuple(f"{RM_SECTION}.{name}" for name in ("batch_size", "shuffle", "pairs_fn"))
+"""The rm keys that a resume cannot change, as sft's: its batches and their pairs were made with them."""
 ADJUSTABLE_MODEL_KEYS = ("model.model.cache_dir", "model.model.logprob_chunk_size",
                          "model.model.gradient_checkpointing")
 """Model settings that change how the model is computed, not what it is."""
@@ -156,7 +165,7 @@ def is_fixed_on_resume(key: str) -> bool:
     if key in ADJUSTABLE_MODEL_KEYS:
         return False
     return key == "model.critic" or any(key == fixed or key.startswith(fixed + ".")
-                                        for fixed in (*FIXED_ON_RESUME, *FIXED_ON_SFT_RESUME))
+                                        for fixed in (*FIXED_ON_RESUME, *FIXED_ON_SFT_RESUME, *FIXED_ON_RM_RESUME))
 
 
 class ListItems(dict):
@@ -225,7 +234,7 @@ def shown_key(key: str, tree: dict) -> str:
             callback.get("class_path") == CHECKPOINT_CALLBACK else None
         if name is not None:
             return name
-    if key.startswith(SFT_SECTION + "."):
+    if key.startswith((SFT_SECTION + ".", RM_SECTION + ".")):
         return key.removeprefix("data.")
     return typed_key(key)
 
@@ -242,8 +251,8 @@ def lightning_keys(key: str, tree: dict) -> list[str]:
         return [f"trainer.callbacks.{i}.init_args.{argument}" for i, callback in enumerate(callbacks)
                 if isinstance(callback, dict) and callback.get("class_path") == CHECKPOINT_CALLBACK
                 for argument in arguments]
-    if section == "sft":
-        return [f"{SFT_SECTION}.{name}" if name else SFT_SECTION]
+    if section in ("sft", "rm"):
+        return [f"data.{section}.{name}" if name else f"data.{section}"]
     path = lightning_path(key)
     return [] if path is None else [".".join(path)]
 
@@ -258,7 +267,8 @@ def resumed_config(ckpt_path: str, recorded: dict, given: dict) -> tuple[dict, l
     tree = _overlay(recorded, given, "", changes) if given else recorded
     for key, was, now in changes:
         if is_fixed_on_resume(key):
-            made = ("its batches and their completions were made with it" if key.startswith(SFT_SECTION + ".")
+            made = ("its batches and their completions were made with it"
+                    if key.startswith((SFT_SECTION + ".", RM_SECTION + "."))
                     else "its weights, optimizer and prompt stream were made with it")
             raise ConfigError(f"{shown_key(key, tree)}={_shown(now)} cannot change when resuming --ckpt_path "
                               f"{ckpt_path} (the run had {_shown(was)}): {made}; resume without it, or start a new "

@@ -34,7 +34,7 @@ from lit_ppo.run.mlflow_store import prepare_store
 from lit_ppo.run.processes import RUN_DIR_ENV, launched_as_rank_zero
 from lit_ppo.run.resume import CONFIG_STATE_KEY
 from lit_ppo.run.run_dir import check_job_run_dir, job_run_dir, new_run_dir, what_ran
-from lit_ppo.training.checkpoint_io import scale_lr
+from lit_ppo.training.checkpoint_files import scale_lr
 from lit_ppo.training.record import RECORD_KEY, RUN_KEY
 from lit_ppo.utils.config_values import config_value
 from lit_ppo.utils.fs import shown_path, write_file_atomically

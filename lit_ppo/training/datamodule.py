@@ -217,7 +217,8 @@ class RolloutDataModule(L.LightningDataModule):
         mine = list(range(self.trainer.global_rank, count, self.trainer.world_size))
         batches = [mine[i:i + self.eval.batch_size] for i in range(0, len(mine), self.eval.batch_size)]
         # A rank without problems still runs the loop (an empty batch): the sums are added over all ranks.
-        return EvalBatches(batches or ([[]] if count else []))
+        return EvalBatches(batches or ([[]] if count else []), problems_in_all=count,
+                           world_size=self.trainer.world_size)
 
     def _workflow(self, tokenizer, params: SamplingParams, *, evaluating: bool = False) -> Workflow:
         """The task's workflow (``build_workflow``); an agent's sequences hold at most the policy's context."""
@@ -352,10 +353,21 @@ def _trainer_autocast(trainer) -> str | None:
 
 class EvalBatches:
     """Batches of test problem indices, re-iterable at every evaluation: one dataloader to
-    Lightning (which would take a list of them for several)."""
+    Lightning (which would take a list of them for several). The progress counts its problems
+    (``lit_ppo.callbacks.progress``).
 
-    def __init__(self, batches: list[list[int]]):
+    Args:
+        batches: this rank's share of the test problems, in batches.
+        problems_in_all: the test problems that all ranks score together.
+        world_size: the ranks that share them.
+    """
+
+    def __init__(self, batches: list[list[int]], problems_in_all: int, world_size: int = 1):
         self.batches = batches
+        self.problems_in_all = problems_in_all
+        self.world_size = world_size
+        self.problems = sum(len(batch) for batch in batches)
+        """This rank's share of the test problems."""
 
     def __iter__(self) -> Iterator[list[int]]:
         return iter(self.batches)

@@ -28,7 +28,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 
 from lit_ppo.errors import RunStopped
 from lit_ppo.models import token_logprobs
-from lit_ppo.training.checkpoint_io import (
+from lit_ppo.training.checkpoint_files import (
     DISTRIBUTED_META,
     distributed_checkpoint_problem,
     first_non_finite,

@@ -12,9 +12,10 @@ import os
 from typing import Any
 
 from lit_ppo.config import DEFAULT_ALGO, ModelConfig
+from lit_ppo.config.rm import RM_ALGO
 from lit_ppo.tasks import DEFAULT_TASK, build_task
 from lit_ppo.tasks.dataset import data_digest
-from lit_ppo.training.checkpoint_io import PLAIN_TYPES
+from lit_ppo.training.checkpoint_files import PLAIN_TYPES
 from lit_ppo.utils.config_values import is_plain
 from lit_ppo.utils.fs import user_path
 
@@ -75,28 +76,28 @@ def run_record(algo: str, model_cfg: ModelConfig, task: Any | None) -> dict[str,
     return record
 
 
-def sft_record(model_cfg, task: str, task_kwargs: dict[str, Any] | None) -> dict[str, Any]:
-    """What an sft checkpoint is made with: the algo ``sft``, the model source (and LoRA settings) of
-    ``model_cfg`` (a ModelConfig or a mapping of its fields), the data section's ``task`` and its plain-valued
-    ``task_kwargs`` as given, and the content digests of its data files: sft reads a dataset's rows without
-    building its task."""
+def sft_record(model_cfg, task: str, task_kwargs: dict[str, Any] | None, algo: str = SFT_ALGO) -> dict[str, Any]:
+    """What an sft checkpoint (or, with ``algo`` ``rm``, an rm checkpoint) is made with: the ``algo``, the model
+    source (and LoRA settings) of ``model_cfg`` (a ModelConfig or a mapping of its fields), the data section's
+    ``task`` and its plain-valued ``task_kwargs`` as given, and the content digests of its data files: sft and rm
+    read a dataset's rows without building its task."""
     source = model_cfg.source if isinstance(model_cfg, ModelConfig) else model_cfg.get("source", ModelConfig.source)
     identity = {"task": task, **{f"task.{name}": value for name, value in (task_kwargs or {}).items()
                                  if is_plain(value, PLAIN_TYPES)}}
-    return {"algo": SFT_ALGO, "model": model_identity(source), **lora_identity(model_cfg), **identity,
+    return {"algo": algo, "model": model_identity(source), **lora_identity(model_cfg), **identity,
             **_data_digests(identity)}
 
 
 def expected_record(tree: dict) -> dict[str, Any]:
-    """``run_record`` (``sft_record`` for the sft job) of the run that LightningCLI's config ``tree`` describes
+    """``run_record`` (``sft_record`` for the sft and rm jobs) of the run that LightningCLI's config ``tree`` describes
     (builds the task, no model)."""
     model = tree.get("model") or {}
     algo = model.get("algo", DEFAULT_ALGO)
     model_cfg = model.get("model") or {}
     source = model_cfg.source if isinstance(model_cfg, ModelConfig) else model_cfg.get("source", ModelConfig.source)
     data = tree.get("data") or {}
-    if algo == SFT_ALGO:
-        return sft_record(model_cfg, data.get("task", DEFAULT_TASK), data.get("task_kwargs"))
+    if algo in (SFT_ALGO, RM_ALGO):
+        return sft_record(model_cfg, data.get("task", DEFAULT_TASK), data.get("task_kwargs"), algo)
     task = build_task(data.get("task", DEFAULT_TASK), **(data.get("task_kwargs") or {}))
     return {"algo": algo, "model": model_identity(source), **lora_identity(model_cfg), **task_identity(task)}
 

@@ -23,7 +23,8 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 
 from lit_ppo.cli.fit import ckpt_path_arg
 from lit_ppo.run.resume import check_resume
-from lit_ppo.training.checkpoint_io import DIGEST_KEY, AtomicCheckpointIO, install_checkpoint_io, scan
+from lit_ppo.training.checkpoint_files import DIGEST_KEY, scan
+from lit_ppo.training.checkpoint_io import AtomicCheckpointIO, install_checkpoint_io
 from lit_ppo.training.record import RECORD_KEY
 
 KILL_WRITER = Path(__file__).with_name("kill_writer.py")

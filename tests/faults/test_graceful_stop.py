@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_ppo.training.checkpoint_io import read_checkpoint
+from lit_ppo.training.checkpoint_files import read_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 6

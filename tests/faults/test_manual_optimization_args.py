@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lit_ppo.launch.check import check_trainer_args
+from lit_ppo.launch.check import check_trainer_values
 from tests.faults.test_bad_input import error_of
 
 PREFIX = "cannot be honoured: lit_ppo steps its optimizers itself (Lightning's manual optimization), so it "
@@ -24,5 +24,5 @@ PREFIX = "cannot be honoured: lit_ppo steps its optimizers itself (Lightning's m
 def test_automatic_optimization_arguments_are_refused(capsys, no_model_loading, override, expected):
     assert error_of(capsys, override, "logger=none") == f"error: {expected}"
     # The values that ask nothing of automatic optimization pass.
-    check_trainer_args({"gradient_clip_val": None, "accumulate_grad_batches": 1, "gradient_clip_algorithm": None})
-    check_trainer_args({"gradient_clip_val": 0.0})
+    check_trainer_values({"gradient_clip_val": None, "accumulate_grad_batches": 1, "gradient_clip_algorithm": None})
+    check_trainer_values({"gradient_clip_val": 0.0})

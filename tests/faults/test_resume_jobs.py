@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from lit_ppo.training.sft_data import SFTDataModule
+from tests.faults.test_check_speed import assert_refused_quickly
 from tests.integration.conftest import run_cli
 
 pytestmark = pytest.mark.slow
@@ -61,6 +62,14 @@ def test_a_checkpoint_is_refused_by_the_job_that_did_not_write_it(checkpoints, j
         f"checkpoints (the optimizer, schedule and data position are the job's); start {job} from its model "
         f"instead: python -m lit_ppo export --ckpt_path {ckpt} --output DIR, then python -m lit_ppo {job} model=DIR"]
     assert sorted(p.relative_to(cwd) for p in cwd.rglob("*")) == before  # nothing written, no model cached
+
+
+def test_a_resume_that_changes_the_model_is_refused_as_soon_as_its_checkpoint_is_read(checkpoints):
+    """The checkpoint's config is read, and compared with the command's, without Lightning (it took 5 s)."""
+    cwd, fit, _ = checkpoints
+    line = (f"error: model.source=smollm2 cannot change when resuming --ckpt_path {fit} (the run had tiny): its "
+            f"weights, optimizer and prompt stream were made with it; resume without it, or start a new run")
+    assert_refused_quickly(["fit", "model=smollm2", "--ckpt_path", str(fit)], cwd, line, reads_a_checkpoint=True)
 
 
 @pytest.mark.parametrize("subcommand", ["validate", "test"])

@@ -21,7 +21,7 @@ from lit_ppo.rollout.collector import Collector
 from lit_ppo.rollout.episodes.choose import build_workflow
 from lit_ppo.run.resume import check_resume
 from lit_ppo.tasks import ArithmeticTask, CalculatorTask
-from lit_ppo.training.checkpoint_io import DIGEST_KEY, scan
+from lit_ppo.training.checkpoint_files import DIGEST_KEY, scan
 from lit_ppo.training.datamodule import RolloutDataModule
 from lit_ppo.training.record import RECORD_KEY
 from tests.faults.test_bad_input import error_of

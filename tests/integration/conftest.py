@@ -12,13 +12,17 @@ from types import SimpleNamespace
 
 import pytest
 
+from ..conftest import USER_OMP_NUM_THREADS
+
 REPO = Path(__file__).resolve().parents[2]
 # Small enough for seconds per iteration on 2 cores, large enough to exercise groups and minibatches.
 FAST = ["logger=none", "trainer.max_steps=2", "data.batch_size=4", "gconfig.n_samples=4", "eval.max_problems=4"]
 
 
 def run_cli(args: list[str], cwd: Path, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m lit_ppo <args>`` in ``cwd``; ``env``: variables set on top of this process's (None: unset)."""
     full_env = {**os.environ, "LIT_PPO_CACHE": str(cwd / "cache"), **(env or {})}
+    full_env = {key: value for key, value in full_env.items() if value is not None}
     return subprocess.run([sys.executable, "-m", "lit_ppo", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=full_env)
 
@@ -93,9 +97,10 @@ def cli_here(cli, capfd, monkeypatch):
 def demo_run(tmp_path_factory):
     """The README's demo, ``python -m lit_ppo fit algo=grpo`` (100 iterations of the default task),
     tracked in a sqlite MLflow store: the one trained tiny run that tests read instead of training
-    their own. Attributes: cwd, dir (the run directory), env (MLflow settings), stdout, stderr."""
+    their own, on the caller's torch threads as a user's run (its metrics are recorded per thread count).
+    Attributes: cwd, dir (the run directory), env (its environment over this process's), stdout, stderr."""
     cwd = tmp_path_factory.mktemp("demo")
-    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db"}
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db", "OMP_NUM_THREADS": USER_OMP_NUM_THREADS}
     result = run_cli(["fit", "algo=grpo"], cwd, timeout=900, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return SimpleNamespace(cwd=cwd, dir=run_dir(cwd), env=env, stdout=result.stdout, stderr=result.stderr)

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from .conftest import REPO
 
 
@@ -74,3 +76,14 @@ def test_bench_prox_times_every_method_of_the_same_run():
     assert [r[0].strip() for r in rows] == ["recompute", "loglinear", "linear"]
     assert rows[0][2].strip() == "1.00x" and all(float(r[1]) > 0 for r in rows)
 
+
+
+def test_bench_neighbour_times_a_command_idle_and_beside_two_busy_processes():
+    """The tiny model's validate of 2 problems, idle and beside two spinning processes on this 2-core machine:
+    one row, the busy time the slower, with its ratio to the idle time."""
+    out = run_script("bench_neighbour.py", "--model", "tiny", "--engines", "hf", "--commands", "validate",
+                     "--neighbours", "idle,busy", "--problems", "2")
+    (row,) = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| validate rollout=hf |")]
+    idle, busy = float(row[1]), re.fullmatch(r" ([\d.]+) \(([\d.]+)x\) ", row[2])
+    assert idle > 0 and float(busy[1]) > idle
+    assert float(busy[2]) == pytest.approx(float(busy[1]) / idle, abs=0.02)  # of the unrounded seconds

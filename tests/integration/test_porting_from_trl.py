@@ -11,9 +11,10 @@ import pytest
 
 import lit_ppo
 from lit_ppo.config.keys import FOREIGN_KEYS
+from lit_ppo.config.trainer import TRAINER_KEYS
 from lit_ppo.errors import ConfigError
 from lit_ppo.launch.check import check_config
-from lit_ppo.launch.compose import _all_keys, _trainer_keys
+from lit_ppo.launch.compose import _all_keys
 from lit_ppo.tasks import build_task
 from tests.faults.test_bad_input import error_of
 
@@ -59,7 +60,7 @@ def test_the_docs_table_holds_every_name_and_each_lit_ppo_setting_is_real(tmp_pa
             for trainer, name, setting, differs in table] == [
         (trainer, name, setting, differs) for name, (trainer, setting, differs) in FOREIGN_KEYS.items()]
     table = [row for row in table if row[2]]  # a name that lit_ppo has no key for: none to compose
-    known = set(_all_keys()) | {f"trainer.{k}" for k in _trainer_keys()}
+    known = set(_all_keys()) | {f"trainer.{k}" for k in TRAINER_KEYS}
     task_kwargs = set(lit_ppo.compose("data=dataset", values={"data.task_kwargs.train_path": "t.jsonl"})[
         "data.task_kwargs"])
     for _, _, setting, _ in table:

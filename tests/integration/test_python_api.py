@@ -153,6 +153,34 @@ def test_mistakes_are_the_command_lines_lines(overrides, values, line):
     assert str(error.value) == line
 
 
+@pytest.mark.parametrize("job", ["sft", "rm"])
+def test_sft_and_rm_compose_the_tree_of_their_command_and_refuse_another_jobs_config(job):
+    from dataclasses import replace
+
+    from lit_ppo.launch.compose import compose_run
+    from lit_ppo.launch.jobs import JOBS
+
+    # The tree of `<job> data=dataset ... <job>.epochs=3 trainer.max_steps=5`, as the command line makes it.
+    fit_tree = compose_run(["data=dataset", "data.task_kwargs.train_path=rows.jsonl", "trainer.max_steps=5"])[0]
+    section_class, job_tree = JOBS[job]
+    expected = job_tree(fit_tree, replace(section_class(), epochs=3, batch_size=2), 5)
+    config = lit_ppo.compose("data=dataset", f"{job}.epochs=3", "trainer.max_steps=5", job=job,
+                             values={"data.task_kwargs.train_path": "rows.jsonl", f"{job}.batch_size": 2})
+    assert config.tree == expected and config.tree["model"]["algo"] == job
+    with pytest.raises(ConfigError) as error:
+        lit_ppo.fit(config)
+    assert str(error.value) == (f"lit_ppo.fit was given the config of {job}: compose it with lit_ppo.compose(...), "
+                                f"or run it with lit_ppo.{job}")
+    with pytest.raises(ConfigError) as error:
+        getattr(lit_ppo, job)(lit_ppo.compose())
+    assert str(error.value) == (f"lit_ppo.{job} was given the config of fit: compose it with lit_ppo.compose(..., "
+                                f"job={job!r})")
+    with pytest.raises(ConfigError, match=rf"^{job}\.epoch is not a key \(did you mean {job}\.epochs\?\)"):
+        lit_ppo.compose(job=job, values={f"{job}.epoch": 2})
+    with pytest.raises(ConfigError, match=r"^job='ppo' is not a job: one of fit, sft, rm$"):
+        lit_ppo.compose(job="ppo")
+
+
 def test_python_objects_train_in_one_process():
     config = lit_ppo.compose("trainer.devices=2", "trainer.strategy=ddp", values={"data.task": Doubling()})
     with pytest.raises(ConfigError) as error:

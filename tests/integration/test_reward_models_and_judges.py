@@ -42,37 +42,45 @@ def test_the_reward_model_example_runs_as_written_and_the_policy_learns_the_pref
     (script,) = [text for lang, text in blocks if lang == "python"]
     (commands,) = [text for lang, text in blocks if not lang and text.startswith("python ")]
     commands = commands.strip().splitlines()
-    assert commands[:2] == ["python make_data.py", "python train_reward_model.py"] and len(commands) == 3
+    assert commands[:2] == ["python make_data.py", "python make_pairs.py"] and len(commands) == 4
     work = cli_here.cwd
     monkeypatch.chdir(work)
     monkeypatch.setenv("LIT_PPO_CACHE", str(work / "cache"))
     files, _ = worked_example()
     (work / "make_data.py").write_text(files["make_data.py"])
     runpy.run_path(str(work / "make_data.py"))
-    (work / "train_reward_model.py").write_text(script)
-    runpy.run_path(str(work / "train_reward_model.py"))
+    (work / "make_pairs.py").write_text(script)
+    runpy.run_path(str(work / "make_pairs.py"))
+    rm = shlex.split(commands[2])[3:]
+    assert rm[0] == "rm"
+    trained = cli_here(*rm, "logger=none")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    (model_dir,) = work.glob("runs/lit_ppo/rm-dataset-tiny-*/model")
 
     # The reward model learned the preference: every odd answer above every even one, on unseen prompts.
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    rm = AutoModelForSequenceClassification.from_pretrained("odd-rm")
-    tokenizer = AutoTokenizer.from_pretrained("odd-rm")
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": "12+34="},
                                             {"role": "assistant", "content": str(d)}], tokenize=False)
              for d in range(10)]
     with torch.no_grad():
-        scores = rm(**tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)).logits[:, 0]
-    assert min(scores[1::2]) > 0 > max(scores[0::2])
+        scores = model(**tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)).logits[:, 0]
+    assert min(scores[1::2]) > max(scores[0::2])
 
-    fit = shlex.split(commands[2])[3:]
+    placeholder = "runs/lit_ppo/rm-dataset-tiny-<time>/model"
+    assert placeholder in commands[3]
+    fit = shlex.split(commands[3].replace(placeholder, str(model_dir.relative_to(work))))[3:]
     assert fit[0] == "fit" and "trainer.max_steps=20" in fit
     fit = [a for a in fit if not a.startswith(("trainer.max_steps=", "trainer.val_check_interval="))] + [
         "trainer.max_steps=8", "trainer.val_check_interval=8", "logger=none"]
     result = cli_here(*fit)
     assert result.returncode == 0, result.stderr[-3000:]
     rewards = iteration_rewards(result.stdout)
-    assert len(rewards) == 8 and sum(rewards[-2:]) / 2 > max(0.9, rewards[0] + 0.2), rewards
-    eval_line = re.search(r"^eval at iteration 8: accuracy ([0-9.]+) .*rewards/odd-rm/mean ([0-9.]+)", result.stdout,
+    # The reward is the sigmoid of the logit normalised by the statistics model/ records: about 0.73 at best.
+    assert len(rewards) == 8 and sum(rewards[-2:]) / 2 > max(0.7, rewards[0] + 0.1), rewards
+    eval_line = re.search(r"^eval at iteration 8: accuracy ([0-9.]+) .*rewards/model/mean ([0-9.]+)", result.stdout,
                           re.M)
     assert eval_line and float(eval_line.group(1)) >= 0.9, result.stdout
 

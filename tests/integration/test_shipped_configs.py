@@ -5,6 +5,7 @@ small batches, with the repository's fixture data)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import shlex
 import shutil
@@ -21,7 +22,12 @@ from .test_bring_your_own import user_dir
 
 GSM8K = REPO / "tests" / "fixtures" / "gsm8k_sample.jsonl"
 REQUIRED = {"data=gsm8k": [f"data.task_kwargs.train_path={GSM8K}"],
-            "data=dataset": [f"data.task_kwargs.train_path={GSM8K}", "data.task_kwargs.prompt_key=question"]}
+            "data=dataset": [f"data.task_kwargs.train_path={GSM8K}", "data.task_kwargs.prompt_key=question"],
+            # The reward model of an rm run in the recipe's place (the shrunk chain below trains one).
+            "recipe=smollm2_rlhf": [f"data.task_kwargs.train_path={GSM8K}", "data.task_kwargs.test_path=null",
+                                    "data.task_kwargs.prompt_key=question",
+                                    "data.task_kwargs.reward_fns=[exact_match,lit_ppo.tasks.word_problem_preferences"
+                                    ".correct]"]}
 """Keys a group option leaves to the user (``???`` in its YAML)."""
 REAL_MODEL_DATA = ("data=chain_sum", "data=dataset", "data=gsm8k", "data=gsm_symbolic", "data=word_problems")
 """Tasks whose prompts and completion budget exceed the tiny model's 128 positions: printed for SmolLM2, and
@@ -96,8 +102,9 @@ def as_test_command(command: str, work, made: str | None = None) -> tuple[list[s
             # SmolLM2 scores nothing in 8 tokens, so no group has the mixed outcomes the recipe's filter
             # waits for: the shrunk run trains on what it samples.
             args.append("data.dynamic_filter_fn=null")
-    elif args[0] == "sft":
-        args = [a for a in args if not a.startswith("trainer.max_steps=")] + ["trainer.max_steps=1", "sft.batch_size=2"]
+    elif args[0] in ("sft", "rm"):
+        args = [a for a in args if not a.startswith("trainer.max_steps=")] + ["trainer.max_steps=1",
+                                                                               f"{args[0]}.batch_size=2"]
     if "--ckpt_path" in args:
         i = args.index("--ckpt_path") + 1
         assert re.fullmatch(r"runs/[^/]+/<run>/checkpoints/last\.ckpt", args[i]), "the README's resume path changed"
@@ -110,9 +117,12 @@ def as_test_command(command: str, work, made: str | None = None) -> tuple[list[s
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    """The working directory of the commands: a user's train.jsonl, my_rewards.py and my_task.py."""
+    """The working directory of the commands: a user's train.jsonl, my_rewards.py and my_task.py, and
+    preference pairs (pairs.jsonl: an explicit prompt, the odd answer chosen)."""
     path = tmp_path_factory.mktemp("readme")
     user_dir(path)
+    pairs = [{"prompt": f"{a}+1=", "chosen": str(2 * a + 1), "rejected": str(2 * a)} for a in range(8)]
+    (path / "pairs.jsonl").write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
     return path
 
 
@@ -178,10 +188,14 @@ def test_the_readme_has_the_commands_the_tests_rely_on():
 @pytest.mark.slow
 def test_the_recipe_script_measures_any_seed_and_says_where_the_time_goes(tmp_path, smollm2_cache):
     """scripts/recipe_smollm2_word_problems.py, the source of docs/recipes.md's numbers, at the smallest scale:
-    the untrained score, a fit per seed, its table, the time of each phase and the figure."""
+    the untrained score, a fit per seed, its table, the time of each phase, the greedy completions (at the
+    run's budget of new tokens, as its evaluation) and the figure."""
     import json
     import subprocess
     import sys
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cache = with_smollm2(smollm2_cache, tmp_path / "cache")
     small = ["trainer.max_steps=2", "trainer.val_check_interval=1", "data.batch_size=2", "gconfig.n_samples=2",
@@ -212,3 +226,51 @@ def test_the_recipe_script_measures_any_seed_and_says_where_the_time_goes(tmp_pa
     cells = phases.strip("| ").split(" | ")
     assert cells[2:5] == [f"{sum(generate_s) / 2:.1f}", f"{4 / (sum(generate_s) / 2):.1f}", "4"]  # median of two
     assert (tmp_path / "recipe.png").stat().st_size > 10_000
+
+    first = run["greedy"]["before"][0]  # the untrained model's greedy answer, in 8 new tokens as its evaluation's
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_cache.entry)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_cache.entry, dtype=torch.float32).eval()
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": first["prompt"]}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        out = model.generate(**ids, do_sample=False, max_new_tokens=8, pad_token_id=tokenizer.eos_token_id)
+    assert first["completion"] == tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert "seed 3, greedy test completions before training:" in lines
+
+
+@pytest.mark.slow
+def test_the_rlhf_recipe_script_runs_the_chain_and_measures_the_hidden_rule_and_the_reward_model(tmp_path,
+                                                                                                  smollm2_cache):
+    """scripts/recipe_smollm2_rlhf.py, the source of docs/recipes.md's RLHF numbers, at the smallest scale: SmolLM2's
+    rm on the hidden rule's pairs of two problems, then one iteration of fit recipe=smollm2_rlhf with algo=ppo and
+    algo=grpo against it, each scored on held-out prompts before and after, by the rule and by the reward model."""
+    import json
+    import subprocess
+    import sys
+
+    cache = with_smollm2(smollm2_cache, tmp_path / "cache")
+    small = ["--rm-set", "data.task_kwargs.num_train=2", "--rm-set", "data.task_kwargs.num_test=2",
+             "trainer.max_steps=1", "trainer.val_check_interval=1", "data.batch_size=2", "gconfig.n_samples=2",
+             "gconfig.max_new_tokens=8", "eval.max_problems=2", "rollout=hf"]
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "recipe_smollm2_rlhf.py"), "--seeds", "3",
+                             "--cache", str(cache), "--json", str(tmp_path / "rlhf.json"), *small],
+                            capture_output=True, text=True, timeout=1200, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = json.loads((tmp_path / "rlhf.json").read_text())["3"]
+    pair_accuracy = run["rm"]["val_accuracy"]
+    assert pair_accuracy * 6 == round(pair_accuracy * 6)  # 6 held-out pairs: the 3 of each of 2 test problems
+    lines = result.stdout.splitlines()
+    for algo in ("ppo", "grpo"):
+        evaluations = run[algo]["evaluations"]
+        # Scored before training (step 0) and after its one iteration, by the rule and by the reward model.
+        assert {name: [step for step, _ in values] for name, values in evaluations.items()} == {
+            "eval/accuracy": [0, 1], "eval/response_length": [0, 1], "reward_model": [0, 1]}
+        accuracy, score = evaluations["eval/accuracy"], evaluations["reward_model"]
+        assert all(value in (0, 0.5, 1) for _, value in accuracy)  # 2 held-out prompts, right or wrong
+        row = (f"| 3 | {algo} | {pair_accuracy:.3f} | {accuracy[0][1]:.3f} -> {accuracy[1][1]:.3f} | "
+               f"{score[0][1]:.2f} -> {score[1][1]:.2f} | ")
+        assert any(line.startswith(row) for line in lines), result.stdout
+    for command in ("rm", "ppo", "grpo"):
+        cost = run[command]
+        assert f"| 3 | {command} | {cost['wall_s'] / 60:.1f} min | {cost['peak_rss_gib']:.1f} GiB |" in lines
+        assert cost["peak_rss_gib"] > 0.5  # SmolLM2's float32 weights alone are 0.5 GiB

@@ -25,14 +25,16 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "default_run_metric
 TIMING = ("time/", "perf/")  # wall-clock, differ from run to run
 
 
-def this_machine() -> dict:
+def this_machine(demo_run) -> dict:
     """What float32 results depend on besides the code: the CPU, its vector instructions, torch, and the
-    threads of a fresh process like the demo run's (this process's count may have been set by a test)."""
+    threads of a fresh process in the demo run's environment (this process's count may have been set by a
+    test, or by the test session for its workers)."""
     lines = Path("/proc/cpuinfo").read_text().splitlines()
     model = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
     flags = next(line.split(":", 1)[1].split() for line in lines if line.startswith("flags"))
+    env = {key: value for key, value in {**os.environ, **demo_run.env}.items() if value is not None}
     threads = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
-                             capture_output=True, text=True, check=True).stdout
+                             capture_output=True, text=True, check=True, env=env).stdout
     return {"cpu": model, "isa": sorted(f for f in set(flags) if f.startswith(("avx", "amx", "fma", "sse4"))),
             "torch": torch.__version__, "threads": int(threads)}
 
@@ -77,7 +79,7 @@ def compare(logged: dict, recorded: dict, close, iterations: int | None = None) 
 def test_default_run_metrics_are_bit_identical_to_the_recording(demo_run):
     """The default run (synchronous, rollout.max_head_offpolicyness=0) must stay exactly as recorded on
     this kind of machine. Bit for bit only there: other kernels round differently."""
-    machine = this_machine()
+    machine = this_machine(demo_run)
     if os.environ.get("LIT_PPO_RECORD_DEFAULT_RUN") == "1":
         record(demo_run, machine)
         pytest.skip(f"recorded this machine's run in {FIXTURE}")

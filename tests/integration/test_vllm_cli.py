@@ -12,6 +12,7 @@ from lit_ppo.models import write_hf_files  # noqa: E402
 from lit_ppo.training.datamodule import RolloutDataModule  # noqa: E402
 from lit_ppo.training.module import LitPPO
 
+from ..conftest import USER_OMP_NUM_THREADS  # noqa: E402
 from ..unit.rollout.engines.test_vllm import tied_tiny  # noqa: E402
 from .conftest import FAST  # noqa: E402
 from .test_training import GROUP, fit, make  # noqa: E402
@@ -21,7 +22,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("preset", ["grpo", "ppo"])
 def test_cli_fits_two_iterations_with_vllm(cli, preset):
-    result = cli("fit", f"algo={preset}", "rollout=vllm", *FAST, timeout=600)
+    # The caller's OMP_NUM_THREADS (unset: the engine starts vLLM with torch's count), not a test worker's.
+    result = cli("fit", f"algo={preset}", "rollout=vllm", *FAST, timeout=600,
+                 env={"OMP_NUM_THREADS": USER_OMP_NUM_THREADS})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "`Trainer.fit` stopped: `max_steps=2` reached." in result.stderr + result.stdout
     # vLLM's start-up report (configuration, KV cache, kernel notes) stays out of the run's console.

@@ -177,7 +177,8 @@ def test_layer_checks_see_function_local_imports():
     assert "lit_ppo.launch.ray_worker" in GRAPH["lit_ppo.cli.fit"]
 
 
-@pytest.mark.parametrize("package", ["lit_ppo.algos", "lit_ppo.config", "lit_ppo.models", "lit_ppo.tasks"])
+@pytest.mark.parametrize("package", ["lit_ppo.algos", "lit_ppo.config", "lit_ppo.models", "lit_ppo.tasks",
+                                     "lit_ppo.training.checkpoint_files", "lit_ppo.run.resume"])
 def test_the_math_models_and_tasks_load_no_lightning(package):
     code = (f"import sys, {package}; loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
             f"('lightning', 'pytorch_lightning', 'lightning_fabric')); print(loaded[:3]); sys.exit(bool(loaded))")
@@ -187,14 +188,26 @@ def test_the_math_models_and_tasks_load_no_lightning(package):
 
 @pytest.mark.parametrize("module", ["lit_ppo.config", "lit_ppo.launch.presets", "lit_ppo.launch.compose",
                                     "lit_ppo.cli.help", "lit_ppo.cli.fit", "lit_ppo.cli.reporting",
-                                    "lit_ppo.launch.run", "lit_ppo.launch.check", "lit_ppo.tasks"])
+                                    "lit_ppo.launch.run", "lit_ppo.launch.check", "lit_ppo.tasks",
+                                    "lit_ppo.models", "lit_ppo.models.teacher", "lit_ppo.training.sft_examples",
+                                    "lit_ppo.training.rm_examples"])
 def test_the_configs_presets_and_help_load_no_torch(module):
     # `fit --help`, the composition of presets and the checks before a run stay fast: no torch, no Lightning,
-    # no transformers until a check needs one (lit_ppo.launch.check).
+    # no transformers until a check needs one (lit_ppo.launch.check); the models' names, a teacher's vocabulary
+    # and sft's examples are read without them.
     code = (f"import sys, {module}; loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
             f"('torch', 'lightning', 'transformers')); print(loaded[:3]); sys.exit(bool(loaded))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, f"import {module} loads: {result.stdout}{result.stderr}"
+
+
+def test_a_run_loads_no_agent_client_nor_vllm_unless_its_config_uses_them():
+    # Seconds at the start of every run: the openai SDK (an agent's client) and vLLM load where they are used.
+    code = ("import sys, lit_ppo.training.module, lit_ppo.training.datamodule, lit_ppo.launch.lightning_cli; "
+            "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('openai', 'vllm')); "
+            "print(loaded[:3]); sys.exit(bool(loaded))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, f"a run loads: {result.stdout}{result.stderr}"
 
 
 UNIT = ROOT / "tests" / "unit"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from lit_ppo.config.rollout import RolloutConfig
 from lit_ppo.rollout.engines.protocol import SamplingParams
-from lit_ppo.rollout.episodes.agent import AgentWorkflow
 from lit_ppo.rollout.episodes.episode import Workflow
 from lit_ppo.rollout.episodes.multi_turn import MultiTurnWorkflow
 from lit_ppo.rollout.episodes.single_turn import SingleTurnWorkflow
@@ -26,6 +25,9 @@ def build_workflow(task: Task, tokenizer, params: SamplingParams, rollout: Rollo
             as evaluation scores episodes.
     """
     if is_agent(task):
+        # Imported for an agent only: its OpenAI-compatible client loads the openai SDK (most of a second).
+        from lit_ppo.rollout.episodes.agent import AgentWorkflow
+
         return AgentWorkflow(tokenizer, task, params, rollout, max_model_len, evaluating=evaluating)
     if is_multi_turn(task):
         return MultiTurnWorkflow(tokenizer, task, params, rollout)

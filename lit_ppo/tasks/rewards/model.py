@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lit_ppo.config.checks import check_choice, check_fields, check_number, check_positive_int, fail
+from lit_ppo.config.model import recorded_reward_statistics
 from lit_ppo.tasks.rewards.batching import BatchedCalls
 from lit_ppo.tasks.rewards.calls import completion_text
 
@@ -55,11 +56,12 @@ class RewardModelConfig:
     label: int | None = None
     """For a classifier with several labels: the one whose logit is the reward. None: the model must have
     one label (``num_labels=1``, as TRL's RewardTrainer saves it)."""
-    mean: float = 0.0
+    mean: float | None = None
     """Subtracted from the logit (with ``std``: the scores' mean and spread on your data, as OpenRLHF's
-    normalised reward models store them)."""
-    std: float = 1.0
-    """The logit minus ``mean`` is divided by it."""
+    normalised reward models store them). None: the mean that the directory records, as ``python -m lit_ppo
+    rm`` writes it (its rewards over its training pairs), else 0."""
+    std: float | None = None
+    """The logit minus ``mean`` is divided by it. None: the spread that the directory records, else 1."""
     squash: str | None = None
     """``sigmoid`` (a score in (0, 1)), ``tanh`` (in (-1, 1)) or None (the normalised logit as it is)."""
     offload: bool = False
@@ -117,11 +119,22 @@ def _settings(values: dict[str, Any] | None, where: str) -> RewardModelConfig:
     check_positive_int(f"{where}.max_length", cfg.max_length, optional=True)
     if cfg.label is not None and cfg.label < 0:
         fail(f"{where}.label", cfg.label, "a label index >= 0, or null")
-    check_number(f"{where}.mean", cfg.mean)
-    check_number(f"{where}.std", cfg.std, low=0, low_open=True)
+    check_number(f"{where}.mean", cfg.mean, optional=True)
+    check_number(f"{where}.std", cfg.std, low=0, low_open=True, optional=True)
     if cfg.squash is not None:
         check_choice(f"{where}.squash", cfg.squash, SQUASHES)
     return cfg
+
+
+def reward_model_text(tokenizer, prompt: Any, completion: Any) -> str:
+    """What a reward model with ``tokenizer`` reads for ``completion`` of ``prompt`` (a string, or chat
+    messages; see the module docstring): what it is trained on and what it scores."""
+    reply = completion_text(completion)
+    if not tokenizer.chat_template:
+        shown = prompt if isinstance(prompt, str) else "\n".join(str(m.get("content", "")) for m in prompt)
+        return shown + reply
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    return tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": reply}], tokenize=False)
 
 
 class RewardModel:
@@ -167,7 +180,9 @@ class RewardModel:
         if cfg.label is not None and cfg.label >= labels:
             raise ValueError(f"{settings_key}.label={cfg.label} is invalid for {path!r}: it has {labels} label(s), "
                              f"0 to {labels - 1}")
-        return cls(path, cfg)
+        recorded = recorded_reward_statistics(model_source_dir(path))
+        return cls(path, dataclasses.replace(cfg, mean=recorded.get("mean", 0.0) if cfg.mean is None else cfg.mean,
+                                             std=recorded.get("std", 1.0) if cfg.std is None else cfg.std))
 
     def __call__(self, prompts: list, completions: list, **kwargs: Any):
         """An awaitable of the completions' rewards (see the module docstring)."""
@@ -194,13 +209,7 @@ class RewardModel:
 
     def _text(self, prompt: Any, completion: Any) -> str:
         """What the model reads for one completion (see the module docstring)."""
-        tokenizer = self._loaded_tokenizer()
-        reply = completion_text(completion)
-        if not tokenizer.chat_template:
-            shown = prompt if isinstance(prompt, str) else "\n".join(str(m.get("content", "")) for m in prompt)
-            return shown + reply
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
-        return tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": reply}], tokenize=False)
+        return reward_model_text(self._loaded_tokenizer(), prompt, completion)
 
     # ------------------------------------------------------------------ the model
 

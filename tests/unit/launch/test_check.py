@@ -76,3 +76,4 @@ def test_the_value_checks_load_no_lightning_and_the_task_no_torch(tmp_path, rewa
     result = subprocess.run([sys.executable, "-c", CHECK_VALUES % reward], cwd=tmp_path, capture_output=True,
                             text=True, timeout=120)
     assert (result.returncode, result.stdout.strip()) == (0, out), result.stderr
+

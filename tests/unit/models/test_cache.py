@@ -5,24 +5,24 @@ from __future__ import annotations
 
 import pytest
 
-import lit_ppo.models.tiny as tiny_source
+import lit_ppo.models.hf_dir as hf_dir
 from lit_ppo.models import TinyModelConfig, build_tiny
 from lit_ppo.models.cache import _cached, default_cache_dir
 
 
 def test_killed_build_leaves_no_cache_entry(tmp_path, monkeypatch):
     cfg = TinyModelConfig()
-    real_save = tiny_source.write_hf_files
+    real_save = hf_dir.write_hf_files
 
     def dies_while_writing(model, tokenizer, path):
         (path / "model.safetensors").write_bytes(b"half")
         raise ZeroDivisionError
 
-    monkeypatch.setattr(tiny_source, "write_hf_files", dies_while_writing)
+    monkeypatch.setattr(hf_dir, "write_hf_files", dies_while_writing)
     with pytest.raises(ZeroDivisionError):
         build_tiny(cfg, tmp_path)
     assert list(tmp_path.iterdir()) == []  # neither an entry nor the temporary directory
-    monkeypatch.setattr(tiny_source, "write_hf_files", real_save)
+    monkeypatch.setattr(hf_dir, "write_hf_files", real_save)
     model, _ = build_tiny(cfg, tmp_path)
     assert (tmp_path / cfg.cache_name() / "model.safetensors").stat().st_size > 1000
 

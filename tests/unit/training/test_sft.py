@@ -9,7 +9,8 @@ from lit_ppo.config import ModelConfig
 from lit_ppo.config.sft import SFTActorConfig, SFTConfig
 from lit_ppo.tasks.base import Columns, Problem
 from lit_ppo.training.sft import LitSFT
-from lit_ppo.training.sft_data import collate, tokenize
+from lit_ppo.training.sft_data import collate
+from lit_ppo.training.sft_examples import tokenize
 
 
 def test_the_loss_is_the_negative_log_likelihood_of_the_completion_tokens(tmp_path):

@@ -13,7 +13,8 @@ from lit_ppo.config.sft import SFTConfig
 from lit_ppo.models import build_tiny_tokenizer, use_chat_template
 from lit_ppo.tasks import build_task
 from lit_ppo.tasks.base import Columns, Problem
-from lit_ppo.training.sft_data import collate, sft_problems, step_batches, tokenize
+from lit_ppo.training.sft_data import collate, step_batches
+from lit_ppo.training.sft_examples import sft_problems, tokenize
 
 USER, ASSISTANT, END, SYSTEM = "<|user|>", "<|assistant|>", "<|end|>", "<|system|>"
 

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from lit_ppo.training.checkpoint_io import (
+from lit_ppo.training.checkpoint_files import (
     DIGEST_KEY,
     DISTRIBUTED_META,
     SHARDS_KEY,
