@@ -136,8 +136,8 @@ def sft(tree: dict, ckpt_path: str | None = None, *, overrides: list[str] | None
     (``check_sft_config``, and the checkpoint as fit's: ``check_checkpoint``), run, RunFailed for a failure that
     ended it. The finished LitPPOCLI; the model directory it wrote is ``<run dir>/model``, which its summary
     names with the ``fit model=<dir>`` that starts from it."""
-    return _train_job(tree, ckpt_path, overrides, sft_tree(compose_run([])[0], SFTConfig()), check_sft_config,
-                      _sft_cli)
+    return _train_job(tree, ckpt_path, overrides, lambda: sft_tree(compose_run([])[0], SFTConfig()),
+                      check_sft_config, _sft_cli)
 
 
 def rm(tree: dict, ckpt_path: str | None = None, *, overrides: list[str] | None = None) -> LitPPOCLI:
@@ -145,17 +145,18 @@ def rm(tree: dict, ckpt_path: str | None = None, *, overrides: list[str] | None 
     process, through sft's sequence (``overrides``: the command line's, ``rm.*`` included; ``check_rm_config``).
     The finished LitPPOCLI; the reward model directory it wrote, ``<run dir>/model``, is what
     ``data.task_kwargs.reward_fns`` takes."""
-    return _train_job(tree, ckpt_path, overrides, rm_tree(compose_run([])[0], RMConfig()), check_rm_config, _rm_cli)
+    return _train_job(tree, ckpt_path, overrides, lambda: rm_tree(compose_run([])[0], RMConfig()), check_rm_config,
+                      _rm_cli)
 
 
-def _train_job(tree: dict, ckpt_path: str | None, overrides: list[str] | None, presets: dict,
+def _train_job(tree: dict, ckpt_path: str | None, overrides: list[str] | None, presets: Callable[[], dict],
                check_job_config: Callable[[dict], None], builder: Callable[[list[str]], LitPPOCLI]) -> LitPPOCLI:
     """A job that trains a model on examples (sft, rm) through fit's sequence: resumed from ``ckpt_path`` with
-    what ``overrides`` change of the job's ``presets`` tree, checked (``check_job_config``, and the checkpoint as
-    fit's: ``check_checkpoint``), run by ``builder``'s LitPPOCLI, RunFailed for a failure that ended it. The
-    finished LitPPOCLI."""
+    what ``overrides`` change of the job's ``presets()`` tree (composed only for a resume), checked
+    (``check_job_config``, and the checkpoint as fit's: ``check_checkpoint``), run by ``builder``'s LitPPOCLI,
+    RunFailed for a failure that ended it. The finished LitPPOCLI."""
     if ckpt_path is not None:
-        resumed = resume_fit(ckpt_path, tree, overrides, presets=presets)
+        resumed = resume_fit(ckpt_path, tree, overrides, presets=presets())
         if resumed is not None:
             tree, ckpt_path = resumed
     check_job_config(tree)

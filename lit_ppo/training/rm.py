@@ -22,7 +22,7 @@ import torch
 
 from lit_ppo.algos.preference import bradley_terry_loss, pair_metrics
 from lit_ppo.callbacks.export import ExportModel
-from lit_ppo.callbacks.graceful_stop import GracefulStop, last_checkpoint_path
+from lit_ppo.callbacks.graceful_stop import last_checkpoint_path
 from lit_ppo.callbacks.progress import IterationProgress
 from lit_ppo.callbacks.summary import RunSummary, places
 from lit_ppo.config import ModelConfig
@@ -32,9 +32,7 @@ from lit_ppo.config.sft import SFTActorConfig
 from lit_ppo.models import load_policy
 from lit_ppo.models.lora import add_lora, lora_config
 from lit_ppo.models.reward_model import merged_reward_model, reward_model_from, rewards
-from lit_ppo.training.checkpoint_io import install_checkpoint_io
-from lit_ppo.training.optim import adamw_with_schedule
-from lit_ppo.training.record import RECORD_KEY, sft_record
+from lit_ppo.training.sft import ExampleJobModule
 from lit_ppo.utils.fs import shown_path
 
 HEAD = "score"
@@ -79,7 +77,7 @@ def reward_statistics(model, batches: Iterable[dict[str, torch.Tensor]]) -> dict
     return {"mean": found["reward_mean"], "std": found["reward_std"], "pairs": int(sums["pairs"])}
 
 
-class LitRM(L.LightningModule):
+class LitRM(ExampleJobModule):
     """A reward model over ``model``'s causal LM, trained on preference pairs.
 
     Args:
@@ -88,6 +86,8 @@ class LitRM(L.LightningModule):
             optimizer steps.
         algo: the job's name, recorded as the run's ``algo`` tag and in its directory's name.
     """
+
+    RECORD_ALGO = RM_ALGO
 
     def __init__(self, model: ModelConfig, actor: SFTActorConfig, algo: str = RM_ALGO):
         super().__init__()
@@ -104,29 +104,8 @@ class LitRM(L.LightningModule):
             getattr(self.reward_model, HEAD).requires_grad_(True)  # new: it trains whole beside the adapters
         self._val_sums: dict[str, torch.Tensor] = {}
 
-    def configure_optimizers(self):
-        params = [p for p in self.reward_model.parameters() if p.requires_grad]
-        optimizer, scheduler = adamw_with_schedule(params, self.optimizer_cfg, self.trainer.max_steps)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        if self.optimizer_cfg.gradient_clipping is not None:
-            self.clip_gradients(optimizer, gradient_clip_val=self.optimizer_cfg.gradient_clipping,
-                                gradient_clip_algorithm="norm")
-
-    def configure_callbacks(self):
-        # A stop signal ends the step, writes last.ckpt and exits 128 + the signal, as fit does.
-        exports = [] if any(isinstance(c, ExportModel) for c in self.trainer.callbacks) else [ExportModel()]
-        return [GracefulStop(), *exports]
-
-    def setup(self, stage: str) -> None:
-        install_checkpoint_io(self.trainer.strategy)  # atomic, finite-only checkpoints, as fit's
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        # What resuming must match: the job, the model and the data (its files' digests).
-        data = self.trainer.datamodule
-        checkpoint.setdefault(RECORD_KEY, {}).update(
-            sft_record(self.model_cfg, data.task, data.task_kwargs, algo=RM_ALGO))
+    def trained_model(self) -> torch.nn.Module:
+        return self.reward_model
 
     def scores(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(r_chosen, r_rejected)`` of a batch of pairs (``collate_pairs``), ``[B]`` each."""

@@ -27,31 +27,24 @@ from lit_ppo.models import load_policy, token_logprobs
 from lit_ppo.models.lora import add_lora, lora_config, merged_model
 from lit_ppo.training.checkpoint_io import install_checkpoint_io
 from lit_ppo.training.optim import adamw_with_schedule
-from lit_ppo.training.record import RECORD_KEY, sft_record
+from lit_ppo.training.record import RECORD_KEY, SFT_ALGO, sft_record
 from lit_ppo.utils.fs import shown_path
 
 
-class LitSFT(L.LightningModule):
-    """The policy of ``model`` trained on completions.
+class ExampleJobModule(L.LightningModule):
+    """What the jobs that train one model on examples of their own (sft, rm) do alike: AdamW and its schedule
+    over the trainable weights of ``trained_model()``, clipped by ``actor.optimizer.gradient_clipping``;
+    fit's graceful stop and final export; atomic, finite-only checkpoints recording the job (``RECORD_ALGO``),
+    the model and the data."""
 
-    Args:
-        model: the language model (``model.*``, as fit's).
-        actor: what trains it (``actor.optimizer.*``, as fit's): AdamW and its schedule, over the run's
-            optimizer steps.
-        algo: the job's name, recorded as the run's ``algo`` tag and in its directory's name.
-    """
+    RECORD_ALGO = SFT_ALGO
+    """The ``algo`` of the checkpoints' record: what tells this job's checkpoints from the others'."""
 
-    def __init__(self, model: ModelConfig, actor: SFTActorConfig, algo: str = "sft"):
-        super().__init__()
-        self.model_cfg = model
-        self.optimizer_cfg = actor.optimizer
-        self.save_hyperparameters({"model": asdict(model), "actor": asdict(actor), "algo": algo}, logger=False)
-        self.policy, self.tokenizer = load_policy(model)
-        if model.lora_rank > 0:
-            add_lora(self.policy, lora_config(model))
+    def trained_model(self) -> torch.nn.Module:
+        raise NotImplementedError
 
     def configure_optimizers(self):
-        params = [p for p in self.policy.parameters() if p.requires_grad]
+        params = [p for p in self.trained_model().parameters() if p.requires_grad]
         # Over trainer.max_steps (the run's steps), not estimated_stepping_batches: that would build the training
         # batches before a resume has restored the step they start from.
         optimizer, scheduler = adamw_with_schedule(params, self.optimizer_cfg, self.trainer.max_steps)
@@ -73,7 +66,31 @@ class LitSFT(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # What resuming must match, as LitPPO's record: the job, the model and the data (its files' digests).
         data = self.trainer.datamodule
-        checkpoint.setdefault(RECORD_KEY, {}).update(sft_record(self.model_cfg, data.task, data.task_kwargs))
+        checkpoint.setdefault(RECORD_KEY, {}).update(
+            sft_record(self.model_cfg, data.task, data.task_kwargs, algo=self.RECORD_ALGO))
+
+
+class LitSFT(ExampleJobModule):
+    """The policy of ``model`` trained on completions.
+
+    Args:
+        model: the language model (``model.*``, as fit's).
+        actor: what trains it (``actor.optimizer.*``, as fit's): AdamW and its schedule, over the run's
+            optimizer steps.
+        algo: the job's name, recorded as the run's ``algo`` tag and in its directory's name.
+    """
+
+    def __init__(self, model: ModelConfig, actor: SFTActorConfig, algo: str = "sft"):
+        super().__init__()
+        self.model_cfg = model
+        self.optimizer_cfg = actor.optimizer
+        self.save_hyperparameters({"model": asdict(model), "actor": asdict(actor), "algo": algo}, logger=False)
+        self.policy, self.tokenizer = load_policy(model)
+        if model.lora_rank > 0:
+            add_lora(self.policy, lora_config(model))
+
+    def trained_model(self) -> torch.nn.Module:
+        return self.policy
 
     def full_policy(self):
         """The policy as one plain transformers model (the adapters merged): what the export writes."""
