@@ -3,15 +3,11 @@ batches of both sides, run as sft's examples are (``lit_ppo.training.sft_data``)
 
 from __future__ import annotations
 
-from typing import Any
-
-import lightning as L
 import torch
-from torch.utils.data import DataLoader
 
 from lit_ppo.config.rm import RMConfig
 from lit_ppo.training.rm_examples import PairExample, RMPairs
-from lit_ppo.training.sft_data import StepBatches, step_batches
+from lit_ppo.training.sft_data import ExampleDataModule
 
 
 def collate_pairs(examples: list[PairExample], pad_id: int) -> dict[str, torch.Tensor]:
@@ -28,11 +24,9 @@ def collate_pairs(examples: list[PairExample], pad_id: int) -> dict[str, torch.T
             "margin": torch.tensor([e.margin for e in examples], dtype=torch.float32)}
 
 
-class RMDataModule(L.LightningDataModule):
-    """The pairs of the train and test splits, tokenised by the module's tokenizer when the fit sets up, which
-    then runs their batches (``lit_ppo.training.sft_data.step_batches``, as sft's) once in their order: its
-    optimizer steps are ``rm.epochs`` passes over them (fewer for a ``trainer.max_steps`` given), its evaluations
-    one per pass.
+class RMDataModule(ExampleDataModule):
+    """The pairs of the train and test splits (``RMPairs``), run as sft's examples are (``ExampleDataModule``):
+    its optimizer steps are ``rm.epochs`` passes over them, its evaluations one per pass.
 
     Args:
         task: the registered task or dotted path (``data.task``): ``dataset`` for rows of pairs.
@@ -42,50 +36,8 @@ class RMDataModule(L.LightningDataModule):
     """
 
     def __init__(self, task: str, task_kwargs: dict | None, rm: RMConfig, seed: int = 0):
-        super().__init__()
-        self.task, self.task_kwargs = task, task_kwargs  # what the checkpoints record (LitRM's record)
-        self.cfg = rm
-        self.seed = seed
-        self.splits = RMPairs(task, task_kwargs, rm)  # before any model loads: bad data is one line
-        self.examples: dict[str, list[PairExample]] = self.splits.examples
-        self.pad_id = 0
+        # The pairs are read before any model loads: bad data is one line.
+        super().__init__(task, task_kwargs, rm, RMPairs(task, task_kwargs, rm), seed)
 
-    def tokenize(self, tokenizer) -> None:
-        """Tokenise both splits with ``tokenizer`` (the model's, with its chat template)."""
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.splits.tokenize(tokenizer)
-
-    def setup(self, stage: str) -> None:
-        trainer = self.trainer
-        self.tokenize(trainer.lightning_module.tokenizer)
-        per_epoch = self.steps_per_epoch(trainer.world_size)  # batches of one rank
-        total = -(-per_epoch // trainer.accumulate_grad_batches) * self.cfg.epochs
-        trainer.fit_loop.epoch_loop.max_steps = total if trainer.max_steps < 0 else min(trainer.max_steps, total)
-        trainer.val_check_interval = per_epoch
-
-    def batches(self, world: int) -> list[list[list[int]]]:
-        """``step_batches`` of the training pairs for ``world`` ranks."""
-        return step_batches(len(self.examples["train"]), self.cfg.batch_size, self.cfg.epochs, self.cfg.shuffle,
-                            self.seed, world)
-
-    def steps_per_epoch(self, world: int) -> int:
-        """Optimizer steps of one pass over the training pairs on ``world`` ranks (no accumulation)."""
-        return len(self.batches(world)[0]) // self.cfg.epochs
-
-    def loader(self, examples: list[PairExample], **kwargs: Any) -> DataLoader:
-        """A DataLoader of ``examples`` collated as pairs (``collate_pairs``)."""
-        return DataLoader(examples, collate_fn=lambda batch: collate_pairs(batch, self.pad_id), **kwargs)
-
-    def train_dataloader(self) -> DataLoader:
-        # Built after a resume has restored the step: the run takes up the batch after the last one trained.
-        trainer = self.trainer
-        start = trainer.global_step * trainer.accumulate_grad_batches
-        return self.loader(self.examples["train"],
-                           batch_sampler=StepBatches(self.batches(trainer.world_size)[trainer.global_rank], start))
-
-    def val_dataloader(self) -> DataLoader | list:
-        if not self.examples.get("test"):
-            return []
-        trainer = self.trainer
-        return self.loader(self.examples["test"][trainer.global_rank::trainer.world_size],
-                           batch_size=self.cfg.batch_size)
+    def collate(self, examples: list[PairExample]) -> dict[str, torch.Tensor]:
+        return collate_pairs(examples, self.pad_id)

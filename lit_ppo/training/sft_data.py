@@ -3,6 +3,8 @@ by the policy's tokenizer when the fit sets up, in batches laid out once for the
 so that a resume takes up the batch after the last one trained."""
 from __future__ import annotations
 
+from typing import Any
+
 import lightning as L
 import torch
 from torch.utils.data import DataLoader
@@ -57,31 +59,25 @@ def collate(examples: list[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
 
 
-class SFTDataModule(L.LightningDataModule):
-    """The examples of the train and test splits, tokenised by the module's tokenizer when the fit sets up,
-    which then runs their batches (``step_batches``) once in their order: its optimizer steps are
-    ``sft.epochs`` passes over them (fewer for a ``trainer.max_steps`` given), its evaluations one per pass.
+class ExampleDataModule(L.LightningDataModule):
+    """What the data modules of the jobs that train on examples of their own (sft, rm) do alike: their splits
+    (``splits``: read when the module is built, so that bad data is one line before any model loads) tokenised
+    by the module's tokenizer when the fit sets up, which then runs their batches (``step_batches``) once in
+    their order: its optimizer steps are ``cfg.epochs`` passes over them (fewer for a ``trainer.max_steps``
+    given), its evaluations one per pass. ``collate`` makes a batch of examples."""
 
-    Args:
-        task: the registered task or dotted path (``data.task``).
-        task_kwargs: its settings (``data.task_kwargs``).
-        sft: the ``sft`` section.
-        system_prompt: ``data.system_prompt``.
-        seed: the shuffle's seed.
-    """
-
-    def __init__(self, task: str, task_kwargs: dict | None, sft: SFTConfig, system_prompt: str | None = None,
-                 seed: int = 0):
+    def __init__(self, task: str, task_kwargs: dict | None, cfg, splits, seed: int):
         super().__init__()
-        self.task, self.task_kwargs = task, task_kwargs  # what the checkpoints record (LitSFT's sft_record)
-        self.cfg = sft
-        self.seed = seed
-        self.splits = SFTExamples(task, task_kwargs, sft, system_prompt)  # before any model loads: bad data is one line
-        self.examples: dict[str, list[SFTExample]] = self.splits.examples
+        self.task, self.task_kwargs = task, task_kwargs  # what the checkpoints record (ExampleJobModule's record)
+        self.cfg, self.splits, self.seed = cfg, splits, seed
+        self.examples: dict[str, list] = splits.examples
         self.pad_id = 0
 
+    def collate(self, examples: list) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
     def tokenize(self, tokenizer) -> None:
-        """Tokenise both splits with ``tokenizer`` (the policy's, with its chat template)."""
+        """Tokenise both splits with ``tokenizer`` (the model's, with its chat template)."""
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.splits.tokenize(tokenizer)
 
@@ -104,18 +100,40 @@ class SFTDataModule(L.LightningDataModule):
         """Optimizer steps of one pass over the training examples on ``world`` ranks (no accumulation)."""
         return len(self.batches(world)[0]) // self.cfg.epochs
 
+    def loader(self, examples: list, **kwargs: Any) -> DataLoader:
+        """A DataLoader of ``examples`` collated by ``collate``."""
+        return DataLoader(examples, collate_fn=self.collate, **kwargs)
+
     def train_dataloader(self) -> DataLoader:
         # Built after a resume has restored the step: the run takes up the batch after the last one trained.
         trainer = self.trainer
         start = trainer.global_step * trainer.accumulate_grad_batches
-        sampler = StepBatches(self.batches(trainer.world_size)[trainer.global_rank], start)
-        return DataLoader(self.examples["train"], batch_sampler=sampler,
-                          collate_fn=lambda batch: collate(batch, self.pad_id))
+        return self.loader(self.examples["train"],
+                           batch_sampler=StepBatches(self.batches(trainer.world_size)[trainer.global_rank], start))
 
     def val_dataloader(self) -> DataLoader | list:
         if not self.examples.get("test"):
             return []
         trainer = self.trainer
-        shard = self.examples["test"][trainer.global_rank::trainer.world_size]
-        return DataLoader(shard, batch_size=self.cfg.batch_size, collate_fn=lambda batch: collate(batch, self.pad_id))
+        return self.loader(self.examples["test"][trainer.global_rank::trainer.world_size],
+                           batch_size=self.cfg.batch_size)
 
+
+class SFTDataModule(ExampleDataModule):
+    """The examples of the train and test splits (``SFTExamples``), run as ``ExampleDataModule`` runs them.
+
+    Args:
+        task: the registered task or dotted path (``data.task``).
+        task_kwargs: its settings (``data.task_kwargs``).
+        sft: the ``sft`` section.
+        system_prompt: ``data.system_prompt``.
+        seed: the shuffle's seed.
+    """
+
+    def __init__(self, task: str, task_kwargs: dict | None, sft: SFTConfig, system_prompt: str | None = None,
+                 seed: int = 0):
+        # The examples are read before any model loads: bad data is one line.
+        super().__init__(task, task_kwargs, sft, SFTExamples(task, task_kwargs, sft, system_prompt), seed)
+
+    def collate(self, examples: list[SFTExample]) -> dict[str, torch.Tensor]:
+        return collate(examples, self.pad_id)
