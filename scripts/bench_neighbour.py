@@ -60,7 +60,8 @@ def command(subcommand: str, model: str, engine: str, problems: int, iterations:
 
 
 def timed(argv: list[str], env: dict[str, str], neighbour: str) -> dict:
-    """Run ``argv`` beside ``neighbour`` in a temporary directory: its wall seconds, the load average at its end."""
+    """Run ``argv`` beside ``neighbour`` in a temporary directory: its wall seconds, the load average at its end and
+    whether its threads slept while they waited (the run found the machine busy: ``OMP_WAIT_POLICY=PASSIVE``)."""
     with tempfile.TemporaryDirectory(prefix="bench_neighbour_") as tmp:
         others: list[subprocess.Popen] = []
         if neighbour == "busy":
@@ -82,7 +83,7 @@ def timed(argv: list[str], env: dict[str, str], neighbour: str) -> dict:
                 other.wait()
     if result.returncode:
         raise RuntimeError(f"{' '.join(argv[3:])} exited {result.returncode}:\n{result.stderr[-3000:]}")
-    return {"wall_s": wall, "load": load}
+    return {"wall_s": wall, "load": load, "passive": "OMP_WAIT_POLICY=PASSIVE" in result.stderr}
 
 
 def main() -> None:
@@ -124,7 +125,8 @@ def main() -> None:
                 for neighbour in neighbours:
                     rows[neighbour].append(timed(argv, env, neighbour))
                     print(f"{subcommand} rollout={engine} {neighbour}: {rows[neighbour][-1]['wall_s']:.1f} s "
-                          f"(load {rows[neighbour][-1]['load']:.1f})", flush=True)
+                          f"(load {rows[neighbour][-1]['load']:.1f}"
+                          f"{', threads sleep' if rows[neighbour][-1]['passive'] else ''})", flush=True)
 
     print(f"\nwall seconds (median of {repeats}), ratio to idle; {problems} test problems, {iterations} iteration(s); "
           f"env {' '.join(args.env) or 'as given'}")

@@ -14,6 +14,7 @@ import sys
 from typing import NamedTuple
 
 from lit_ppo.cli.args import HELP_FLAGS, asks_for_help, print_error
+from lit_ppo.utils.cpu_contention import measure_from_now
 from lit_ppo.utils.stop_requests import Stopped, exit_code, exit_on_signals, forget_stop_requests, signal_name
 
 PROG = "python -m lit_ppo"
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == "--version":
         print(version())
         return 0
+    measure_from_now()  # how busy other processes keep the cores, until a run loads torch
     forget_stop_requests()  # a request stops the command it arrived in, not a later one in this process
     with exit_on_signals():
         try:

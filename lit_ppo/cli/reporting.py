@@ -21,11 +21,12 @@ def reported(subcommand: str, command: Callable[[], int]) -> int:
     """``command()``, which returns the exit code of ``subcommand``, with every way it ends as one line and an
     exit code."""
     from lit_ppo.launch.explain import explain_parser_error
-    from lit_ppo.launch.run import RunFailed
+    from lit_ppo.launch.run import RunFailed, choose_thread_waits
     from lit_ppo.run.processes import RUN_DIR_ENV
     from lit_ppo.utils.quiet import quiet_expected_output
     from lit_ppo.utils.stop_requests import Stopped, exit_code, signal_name
 
+    choose_thread_waits()
     quiet_expected_output()
     try:
         return command()

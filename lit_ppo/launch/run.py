@@ -29,6 +29,7 @@ from lit_ppo.launch.rm import rm_tree
 from lit_ppo.launch.sft import sft_tree
 from lit_ppo.run.processes import launched_as_rank_zero
 from lit_ppo.run.run_dir import check_job_run_dir, last_checkpoint
+from lit_ppo.utils.cpu_contention import choose_wait_policy
 from lit_ppo.utils.stop_requests import pending_failure
 
 if TYPE_CHECKING:
@@ -59,6 +60,15 @@ def check_checkpoint(ckpt_path: str, tree: dict) -> None:
         check_resume(ckpt_path, tree)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def choose_thread_waits() -> None:
+    """Before a job's checks load torch: let its threads sleep while they wait if other processes keep the
+    cores busy (``lit_ppo.utils.cpu_contention``), saying so on stderr. Rank 0 only: a launcher's ranks
+    inherit its environment."""
+    note = choose_wait_policy() if launched_as_rank_zero() else None
+    if note is not None:
+        print(note, file=sys.stderr, flush=True)
 
 
 def run(subcommand: str, tree: dict | None, ckpt_path: str | None = None, *, flags: Sequence[str] = (),

@@ -3,6 +3,7 @@ print their tables, and what they compare agrees."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -12,9 +13,9 @@ import pytest
 from .conftest import REPO
 
 
-def run_script(name: str, *args: str) -> str:
+def run_script(name: str, *args: str, env: dict[str, str] | None = None) -> str:
     result = subprocess.run([sys.executable, str(REPO / "scripts" / name), *args], cwd=REPO, capture_output=True,
-                            text=True, timeout=300)
+                            text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
@@ -80,9 +81,12 @@ def test_bench_prox_times_every_method_of_the_same_run():
 
 def test_bench_neighbour_times_a_command_idle_and_beside_two_busy_processes():
     """The tiny model's validate of 2 problems, idle and beside two spinning processes on this 2-core machine:
-    one row, the busy time the slower, with its ratio to the idle time."""
+    one row, the busy time the slower, with its ratio to the idle time. The commands take every core as torch
+    threads (no OMP_NUM_THREADS, as a user runs them), and beside the busy processes they let them sleep."""
+    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
     out = run_script("bench_neighbour.py", "--model", "tiny", "--engines", "hf", "--commands", "validate",
-                     "--neighbours", "idle,busy", "--problems", "2")
+                     "--neighbours", "idle,busy", "--problems", "2", env=env)
+    assert re.search(r"^validate rollout=hf busy: [\d.]+ s \(load [\d.]+, threads sleep\)$", out, re.M), out
     (row,) = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| validate rollout=hf |")]
     idle, busy = float(row[1]), re.fullmatch(r" ([\d.]+) \(([\d.]+)x\) ", row[2])
     assert idle > 0 and float(busy[1]) > idle
