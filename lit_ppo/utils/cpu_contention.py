@@ -63,7 +63,7 @@ def torch_threads() -> int:
     try:
         return max(1, int(os.environ["OMP_NUM_THREADS"]))
     except (KeyError, ValueError):
-        return len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def choose_wait_policy() -> str | None:
