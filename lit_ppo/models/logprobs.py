@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from lit_ppo.models import cpu_matmul
 from lit_ppo.models.packing import hidden_states
 from lit_ppo.models.sampling import sampling_logits
 
@@ -49,7 +50,7 @@ class _SampledTokenLogprobs(torch.autograd.Function):
         entropy = torch.zeros_like(logp)
         for start in range(0, h.shape[0], chunk_size):
             rows = slice(start, start + chunk_size)
-            z = sampling_logits(torch.nn.functional.linear(h[rows].to(dtype), w, b), **params)
+            z = sampling_logits(cpu_matmul.linear(h[rows].to(dtype), w, b), **params)
             lse[rows] = z.logsumexp(-1)
             logp[rows] = z.gather(-1, labels[rows, None]).squeeze(-1) - lse[rows]
             if with_entropy:
@@ -78,7 +79,7 @@ class _SampledTokenLogprobs(torch.autograd.Function):
         for start in range(0, h.shape[0], ctx.chunk_size):
             rows = slice(start, start + ctx.chunk_size)
             h_c = h[rows].to(dtype)
-            logp_all = sampling_logits(torch.nn.functional.linear(h_c, w, b), **ctx.params).sub_(lse[rows, None])
+            logp_all = sampling_logits(cpu_matmul.linear(h_c, w, b), **ctx.params).sub_(lse[rows, None])
             if grad_entropy is None:  # -p g_logp
                 grad_z = logp_all.exp_().mul_(-grad_logp[rows, None])
             else:  # -p (g_logp + g_H (log p + H)); log p = -inf only where p = 0
@@ -93,9 +94,9 @@ class _SampledTokenLogprobs(torch.autograd.Function):
                 grad_z.div_(temperature)
             grad_z = grad_z.to(dtype)
             if need_h:
-                grad_h[rows] = (grad_z @ w).to(h.dtype)
+                grad_h[rows] = cpu_matmul.matmul(grad_z, w).to(h.dtype)
             if need_weight:
-                if dtype == torch.float32:
+                if dtype == torch.float32:  # in place: MKL's product beats oneDNN's and a sum (cpu_matmul)
                     grad_weight.addmm_(grad_z.t(), h_c)
                 else:  # a lower-precision product, accumulated in float32
                     grad_weight += grad_z.t() @ h_c

@@ -19,9 +19,13 @@ Rows that share a prefix (a group's prompt, a chat template's system prompt, ide
 compute it once in a prefix tree (``plan_prefix_tree``): rows sorted by their tokens reuse their
 predecessor's slots for the prefix they share, and a 4-D boolean attention mask lets each slot see
 only its own row's earlier tokens. A batch runs as a tree where its ``forward_cost`` is below packed
-rows' (``chosen_prefix_tree``). Measured on 2 CPU cores with SmolLM2-135M, an iteration of the
-word-problem recipe (4 prompts x 8 answers, ``scripts/bench_prefix_sharing.py --full``): the update's
-forward and backward in 0.77x the packed rows' time, the no-grad forward in 0.83x.
+rows' (``chosen_prefix_tree``), in trees of the width that costs least: wider trees share more (a system
+prompt across groups), but a masked bin's attention costs its width squared. On SmolLM2 fp32, 4 prompts x
+4 answers of about 90 tokens, trees of one group each (about 250 slots) rather than one of about 1000 take
+the update from 7.6 to 6.3 s per iteration on one thread (``scripts/bench_vs_trl.py``). Measured on 2 CPU
+cores with SmolLM2-135M, an iteration of the word-problem recipe (4 prompts x 8 answers,
+``scripts/bench_prefix_sharing.py --full``): the update's forward and backward in 0.77x the packed rows'
+time, the no-grad forward in 0.83x.
 
 Values equal the padded forward's up to float32 rounding (a sequence's offset in its bin changes
 how sdpa blocks its softmax, as a different left padding does). Whether a model honours packed
@@ -141,39 +145,62 @@ def _common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
     return int(differ[0]) if len(differ) else n
 
 
-def plan_prefix_tree(input_ids: torch.Tensor, mask: torch.Tensor, width: int | None = None) -> Packing | None:
+def _prefix_trees(lengths: list[int], order: list[int], common: list[int],
+                  width: int) -> tuple[list[list[int]], dict[int, int], list[int]]:
+    """``(trees, shared, sizes)``: consecutive rows of ``order`` (sorted by their tokens; ``common[k]`` the
+    prefix row ``order[k]`` shares with its predecessor) grouped into trees of at most ``width`` slots, the
+    tokens each row reuses from its predecessor in its tree, and each tree's slots."""
+    trees: list[list[int]] = []
+    shared: dict[int, int] = {}
+    sizes: list[int] = []
+    for k, row in enumerate(order):
+        if trees and sizes[-1] + lengths[row] - common[k] <= width:  # the row's new slots fit its predecessor's
+            trees[-1].append(row)
+            shared[row] = common[k]
+            sizes[-1] += lengths[row] - common[k]
+        else:
+            trees.append([row])
+            shared[row] = 0
+            sizes.append(lengths[row])
+    return trees, shared, sizes
+
+
+def plan_prefix_tree(input_ids: torch.Tensor, mask: torch.Tensor, width: int | None = None,
+                     layer_shape: tuple[int, int] | None = None) -> Packing | None:
     """The ``Packing`` of the real tokens (``mask`` True, ``[B, T]``) with each prefix common to several
     rows computed once, or None when no two rows share one.
 
     Rows sorted by their tokens form a prefix tree: row k reuses the slots of its predecessor's first
     ``lcp(k - 1, k)`` tokens (the longest common prefix) and adds slots for the rest, so a group's
     prompt (and a system prompt common to all, and identical answers) takes slots once. Consecutive
-    sorted rows fill trees of at most ``width`` slots (default ``max(PREFIX_TREE_WIDTH, longest row)``),
-    packed first-fit-decreasing into bins as wide as the widest. A slot attends to the slots of its
-    row's own earlier tokens (``attention``), whatever rows reuse it, so every row's hidden states
-    are those of the row alone; position ids count each row's real tokens, as ``plan_packing``'s."""
+    sorted rows fill trees of at most ``width`` slots, packed first-fit-decreasing into bins as wide as
+    the widest. Without ``width``: the width of least ``forward_cost`` for a decoder layer of
+    ``layer_shape`` (``(hidden_size, layer_params)``) among the longest row times 1, 2, 4, ... up to
+    ``PREFIX_TREE_WIDTH`` (wider trees share more prefixes, but attention over a bin costs its width
+    squared), or ``max(PREFIX_TREE_WIDTH, longest row)`` without ``layer_shape``. A slot attends to the
+    slots of its row's own earlier tokens (``attention``), whatever rows reuse it, so every row's hidden
+    states are those of the row alone; position ids count each row's real tokens, as ``plan_packing``'s."""
     mask = mask.bool()
     lengths = mask.sum(-1).tolist()
-    if width is None:
-        width = max(PREFIX_TREE_WIDTH, max(lengths, default=0))
     tokens = [input_ids[r][mask[r]] for r in range(len(lengths))]
     order = sorted((r for r in range(len(lengths)) if lengths[r]), key=lambda r: tokens[r].tolist())
     if len(order) < 2:
         return None
-    # Trees of consecutive sorted rows: a row joins its predecessor's tree if its new slots fit.
-    trees: list[list[int]] = []
-    shared: dict[int, int] = {}  # row -> tokens it reuses from its predecessor in the tree
-    sizes: list[int] = []
-    for prev, row in zip([None, *order], order):
-        common = _common_prefix(tokens[prev], tokens[row]) if prev is not None else 0
-        if trees and sizes[-1] + lengths[row] - common <= width:
-            trees[-1].append(row)
-            shared[row] = common
-            sizes[-1] += lengths[row] - common
-        else:
-            trees.append([row])
-            shared[row] = 0
-            sizes.append(lengths[row])
+    common = [0] + [_common_prefix(tokens[a], tokens[b]) for a, b in zip(order, order[1:])]
+    longest = max(lengths)
+    if width is None and layer_shape is None:
+        width = max(PREFIX_TREE_WIDTH, longest)
+    if width is None:
+        candidates = [longest]
+        while candidates[-1] * 2 <= PREFIX_TREE_WIDTH:
+            candidates.append(candidates[-1] * 2)
+
+        def cost(w: int) -> int:
+            sizes = _prefix_trees(lengths, order, common, w)[2]
+            return _bins_cost(len(first_fit_decreasing(sizes, max(sizes))), max(sizes), *layer_shape)
+
+        width = min(candidates, key=cost)
+    trees, shared, sizes = _prefix_trees(lengths, order, common, width)
     if sum(sizes) == sum(lengths):
         return None
     bins = first_fit_decreasing(sizes, max(sizes))
@@ -207,7 +234,11 @@ def forward_cost(plan: Packing, hidden_size: int, layer_params: int) -> int:
     """Multiply-adds of one decoder layer's forward over ``plan``'s bins: its ``layer_params`` weights
     on every slot, and attention (scores and their weighted sum, ``hidden_size`` wide) over each bin's
     width squared, which a masked kernel computes whole. The backward pass scales both alike."""
-    return plan.n_bins * plan.width * (layer_params + 2 * plan.width * hidden_size)
+    return _bins_cost(plan.n_bins, plan.width, hidden_size, layer_params)
+
+
+def _bins_cost(n_bins: int, width: int, hidden_size: int, layer_params: int) -> int:
+    return n_bins * width * (layer_params + 2 * width * hidden_size)
 
 
 _LAYER_PARAMS: "weakref.WeakKeyDictionary[torch.nn.Module, int]" = weakref.WeakKeyDictionary()
@@ -373,10 +404,12 @@ def chosen_prefix_tree(body: torch.nn.Module, input_ids: torch.Tensor, mask: tor
     the body supports it and its ``forward_cost`` is below packed rows' (the prompts it saves outweigh
     its wider bins); None otherwise. The body must support packing (``packing_supported``)."""
     # Probed whatever this batch holds: a sharded body's probe is a collective, run by every rank at once.
-    tree = plan_prefix_tree(input_ids, mask) if prefix_tree_supported(body, input_ids.device) else None
-    if tree is None:
+    if not prefix_tree_supported(body, input_ids.device):
         return None
     shape = _layer_shape(body)
+    tree = plan_prefix_tree(input_ids, mask, layer_shape=shape)
+    if tree is None:
+        return None
     return tree if forward_cost(tree, *shape) < forward_cost(plan_packing(mask), *shape) else None
 
 

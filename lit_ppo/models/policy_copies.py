@@ -7,6 +7,8 @@ import copy
 
 import torch
 
+from lit_ppo.models.cpu_matmul import use_onednn_linears
+
 
 def model_from_weights(config, weights, dtype: torch.dtype, generation_config=None):
     """A plain transformers causal LM of ``config`` holding ``weights`` (``(name, tensor)`` pairs, e.g.
@@ -29,7 +31,7 @@ def model_from_weights(config, weights, dtype: torch.dtype, generation_config=No
         raise KeyError(f"no weight given for {missing[0]} (and {len(missing) - 1} more)")
     if generation_config is not None:
         model.generation_config = copy.deepcopy(generation_config)
-    return model.eval()
+    return use_onednn_linears(model).eval()
 
 
 def build_reference(policy):

@@ -10,6 +10,7 @@ import copy
 import torch
 
 from lit_ppo.models.attention import use_float32_attention_on_cpu
+from lit_ppo.models.cpu_matmul import use_onednn_linears
 from lit_ppo.models.lora import has_lora, merged_weights
 
 
@@ -26,7 +27,7 @@ def reward_model_from(policy, tokenizer):
     model = AutoModelForSequenceClassification.from_config(config, dtype=next(policy.parameters()).dtype)
     model.base_model.load_state_dict(policy.base_model.state_dict())
     use_float32_attention_on_cpu(model)
-    return model.train(policy.training)
+    return use_onednn_linears(model).train(policy.training)
 
 
 def merged_reward_model(model):

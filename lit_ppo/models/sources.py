@@ -37,9 +37,11 @@ def load_causal_lm(source: str, cache_dir: str | Path | None = None, dtype: torc
 
     ``"smollm2"`` is converted from GGUF once (about a minute on 2 cores) into
     ``cache_dir/smollm2-135m-instruct-q4_1``; later calls load the safetensors copy. Models on sdpa
-    attention compute it in float32 on CPU under autocast (``lit_ppo.models.attention``).
+    attention compute it in float32 on CPU under autocast (``lit_ppo.models.attention``), and float32
+    linear layers on CPU take oneDNN's products where MKL's are slow (``lit_ppo.models.cpu_matmul``).
     """
     from lit_ppo.models.attention import use_float32_attention_on_cpu  # transformers' model code, seconds to import
+    from lit_ppo.models.cpu_matmul import use_onednn_linears
 
     if source == "tiny":
         model, tokenizer = build_tiny(TinyModelConfig(), cache_dir, dtype)
@@ -55,7 +57,7 @@ def load_causal_lm(source: str, cache_dir: str | Path | None = None, dtype: torc
                          f"a local directory holding a Hugging Face causal LM or the hub id of one in the local "
                          f"Hugging Face cache")
     use_float32_attention_on_cpu(model)
-    return model, tokenizer
+    return use_onednn_linears(model), tokenizer
 
 
 def load_tokenizer(source: str, cache_dir: str | Path | None = None):

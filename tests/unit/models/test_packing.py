@@ -393,6 +393,24 @@ def test_prefix_tree_only_where_it_saves_and_within_its_width():
     assert plan_prefix_tree(ids, mask).n_bins == 1  # the default width holds all four: 6 + 2 + 2 + 2
 
 
+def test_prefix_tree_width_of_least_cost_for_the_layer():
+    """Two groups of four 10-token rows (a 6-token prompt, 4 answer tokens of their own). By hand, with a layer of 300
+    weights per slot and attention 2 * 4 wide per key: width 10 shares nothing (8 bins of 10: 80 * 380 =
+    30400); 20 makes trees [A1 A2 A3] 18, [A4 B1] 20, [B2 B3 B4] 18 in 3 bins (60 * 460 = 27600); 40
+    makes [A1..A4 B1 B2 B3] 40 and [B4] 10 in 2 bins (80 * 620 = 49600); 80 and wider one tree of 44
+    (44 * 652 = 28688). A cheaper layer makes attention dear enough that sharing nothing wins."""
+    answers = [(10 + a, 20 + a, 30 + a, 40 + a) for a in range(4)]
+    rows = [(p,) * 6 + a for p in (5, 6) for a in answers]
+    ids, mask = _tree_batch(rows, 12)
+    plan = plan_prefix_tree(ids, mask, layer_shape=(4, 300))
+    assert (plan.n_bins, plan.width) == (3, 20)
+    assert packing.forward_cost(plan, hidden_size=4, layer_params=300) == 27600
+    costs = {w: packing.forward_cost(plan_prefix_tree(ids, mask, width=w), hidden_size=4, layer_params=300)
+             for w in (40, 80, 160, 320, 640, 1024)}
+    assert costs == {40: 49600, **dict.fromkeys((80, 160, 320, 640, 1024), 28688)}
+    assert plan_prefix_tree(ids, mask, layer_shape=(4, 100)) is None
+
+
 def _group_batch(vocab: int, seed: int = 0):
     """Two prompts of 5 tokens (sharing a 2-token system prefix) with three answers each of 1-6
     tokens, one answer repeated; prompts left-padded to 6 columns, answers right-padded to 6."""
