@@ -237,7 +237,11 @@ def _check_teacher(model_cfg: ModelConfig, files_only: bool = False) -> None:
 def _check_launch_environment(trainer: dict) -> None:
     """A process rank other than 0 (or a world of several processes) left in the environment by another
     launch, for a config that runs one process: Lightning would take this process for that rank, keep it
-    from logging, and lit_ppo would write no run for it."""
+    from logging, and lit_ppo would write no run for it. And a bad choice of float32 CPU kernels
+    (``lit_ppo.models.cpu_matmul.ENV``)."""
+    from lit_ppo.models.cpu_matmul import onednn_chosen
+
+    onednn_chosen()
     devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1)
     one = nodes == 1 and (len(devices) == 1 if isinstance(devices, list) else devices in (1, "1") or (
         devices == "auto" and trainer.get("accelerator") == "cpu"))

@@ -69,15 +69,17 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T + bias`` without autograd, through oneDNN where ``applies``."""
-    if applies(x, weight):
+    """``x @ weight.T + bias`` without autograd, through oneDNN where ``applies`` to a weight of at least
+    ``SMALLEST_WEIGHT`` elements (as ``use_onednn_linears`` converts the layer itself)."""
+    if weight.numel() >= SMALLEST_WEIGHT and applies(x, weight):
         return _onednn_linear(x, weight, bias)
     return torch.nn.functional.linear(x, weight, bias)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` of two matrices without autograd, through oneDNN where ``applies``."""
-    if applies(a, b):
+    """``a @ b`` of two matrices without autograd, through oneDNN where ``applies`` to a ``b`` of at least
+    ``SMALLEST_WEIGHT`` elements."""
+    if b.numel() >= SMALLEST_WEIGHT and applies(a, b):
         return _onednn_linear(a, b.t())
     return a @ b
 

@@ -238,3 +238,20 @@ def test_a_stop_signal_of_an_earlier_command_does_not_reach_the_next(capsys):
         main(["fit", "--print_config"])
     assert exit_info.value.code in (0, None)
     assert "seed_everything: 0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("job", ["fit", "sft", "rm"])
+def test_a_bad_choice_of_float32_cpu_kernels_is_one_line_before_the_run(capsys, monkeypatch, tmp_path, job):
+    from lit_ppo.models import cpu_matmul
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(cpu_matmul.ENV, "fast")
+    cpu_matmul.onednn_chosen.cache_clear()
+    try:
+        code = main([job])
+    finally:
+        cpu_matmul.onednn_chosen.cache_clear()
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err == "error: LIT_PPO_FLOAT32_MATMUL=fast is invalid: must be one of onednn, mkl", err
+    assert not (tmp_path / "runs").exists()
