@@ -34,12 +34,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RULE = "lit_ppo.tasks.word_problem_preferences.correct"
 RM_PROBLEMS = 64
-"""The first train problems, whose pairs the reward model trains on (3 pairs each: 24 steps of 8); the RL
+"""The first train problems, whose pairs the reward model trains on (4 pairs each: 32 steps of 8); the RL
 prompts are the train problems after them, and both are held out from the test problems."""
 RM = ["model=smollm2", "data=word_problems", f"data.task_kwargs.num_train={RM_PROBLEMS}",
       "data.task_kwargs.num_test=32", "rm.pairs_fn=lit_ppo.tasks.word_problem_preferences.rule_pairs",
       "rm.max_length=256", "rm.batch_size=8", "actor.optimizer.lr=3e-5"]
-"""The recipe's rm command: one pass over the 192 pairs of the first 64 train problems, then the 96 pairs of 32
+"""The recipe's rm command: one pass over the 256 pairs of the first 64 train problems, then the 128 pairs of 32
 test problems held out."""
 ALGOS = ("ppo", "grpo")
 EVALUATED = ("eval/accuracy", "eval/response_length")

@@ -3,12 +3,15 @@
 correct ones the shorter.
 
 The reward model never sees the rule, only pairs that it decided: ``rule_pairs`` is an ``rm.pairs_fn`` that
-writes, for each problem, three answers in the short style of SmolLM2-135M-Instruct (the two numbers, the
-operation and a result) and pairs them by the rule:
+writes, for each problem, answers in the style of SmolLM2-135M-Instruct (short ones: the two numbers, the
+operation and a result; a long one: a paragraph of working before the same result; and that paragraph cut off
+before its result, as a completion that runs out of tokens ends) and pairs them by the rule:
 
 - a short correct answer over the same sentence with a wrong result (the arithmetic decides),
-- a short correct answer over a long correct one (brevity decides),
-- a long correct answer over a short wrong one (correctness comes before brevity).
+- a short correct answer over the long correct one (brevity decides),
+- the long correct answer over its cut-off start (correctness comes before brevity: the cut-off is shorter, but
+  its last number is an operand),
+- a short correct answer over the cut-off start (both criteria agree).
 
 ``correct`` is the rule's first criterion as a reward function (``reward_fns``): 1.0 where the completion's last
 number is the answer. Given with weight 0 beside the reward model, it only measures: the policy trains on the
@@ -65,9 +68,19 @@ def _wrong(answer: int, rng: random.Random) -> int:
             return wrong
 
 
+def _cut_off(long: str, parts: dict, answer: int) -> str | None:
+    """The long answer stopped in its working before its result, at the last point where its last number is
+    not the answer (None if there is none)."""
+    for end in (f"{parts['a']} {parts['op']} {parts['b']} =", f"in the problem, {parts['a']} and"):
+        cut = long[:long.index(end) + len(end)]
+        if last_number(cut) != str(answer):
+            return cut
+    return None
+
+
 def rule_pairs(problem: Problem) -> list[dict]:
-    """The three pairs of ``problem`` that the rule decides (the module docstring); the wording and the wrong
-    results are drawn from a generator seeded by the problem's text, so the same problem makes the same pairs."""
+    """The pairs of ``problem`` that the rule decides (the module docstring); the wording and the wrong results
+    are drawn from a generator seeded by the problem's text, so the same problem makes the same pairs."""
     rng = random.Random(problem.prompt)
     parts = _parts(problem)
     answer = int(problem.answer)
@@ -75,6 +88,9 @@ def rule_pairs(problem: Problem) -> list[dict]:
     right = short.format(x=answer, **parts)
     wrong = short.format(x=_wrong(answer, rng), **parts)
     long = LONG.format(x=answer, verb=VERBS[parts["op"]], **parts)
-    other_wrong = rng.choice(SHORT).format(x=_wrong(answer, rng), **parts)
-    return [{"chosen": right, "rejected": wrong}, {"chosen": right, "rejected": long},
-            {"chosen": long, "rejected": other_wrong}]
+    pairs = [{"chosen": right, "rejected": wrong}, {"chosen": right, "rejected": long}]
+    cut = _cut_off(long, parts, answer)
+    if cut is not None:
+        other_right = rng.choice(SHORT).format(x=answer, **parts)
+        pairs += [{"chosen": long, "rejected": cut}, {"chosen": other_right, "rejected": cut}]
+    return pairs

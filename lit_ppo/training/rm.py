@@ -21,10 +21,7 @@ import lightning as L
 import torch
 
 from lit_ppo.algos.preference import bradley_terry_loss, pair_metrics
-from lit_ppo.callbacks.export import ExportModel
-from lit_ppo.callbacks.graceful_stop import last_checkpoint_path
 from lit_ppo.callbacks.progress import IterationProgress
-from lit_ppo.callbacks.summary import RunSummary, places
 from lit_ppo.config import ModelConfig
 from lit_ppo.config.model import REWARD_STATISTICS, recorded_reward_statistics
 from lit_ppo.config.rm import RM_ALGO
@@ -32,7 +29,7 @@ from lit_ppo.config.sft import SFTActorConfig
 from lit_ppo.models import load_policy
 from lit_ppo.models.lora import add_lora, lora_config
 from lit_ppo.models.reward_model import merged_reward_model, reward_model_from, rewards
-from lit_ppo.training.sft import ExampleJobModule
+from lit_ppo.training.sft import ExampleJobModule, ExampleJobSummary
 from lit_ppo.utils.fs import shown_path
 
 HEAD = "score"
@@ -189,56 +186,23 @@ class RMProgress(IterationProgress):
                 f"{float(metrics['rm/val_reward_mean']):.4g} val_reward_std {float(metrics['rm/val_reward_std']):.4g}")
 
 
-class RMSummary(RunSummary):
-    """The block that ends an rm run, as ``RunSummary`` ends a fit (on stdout, and ``summary.txt`` in the run
-    directory and each tracked run): the steps and time, the training loss of the first and last step of this
-    session, the last evaluation's pair accuracy, margin and loss on the test split, where the outputs are, the
-    reward statistics the model records, and the commands that resume a run stopped early and use its model as a
-    reward in ``fit``."""
+class RMSummary(ExampleJobSummary):
+    """The block that ends an rm run (``ExampleJobSummary``): the last evaluation's pair accuracy, margin and loss
+    on the test split, the reward statistics the model records, and the command that uses its model as a reward
+    in ``fit``."""
 
-    def __init__(self):
-        super().__init__()
-        self._first_loss: tuple[int, float] | None = None
-        self._last_loss: tuple[int, float] | None = None
-        self._val: tuple[int, dict[str, float]] | None = None
-        """``(step, the last evaluation's rm/val_* values)``."""
+    JOB = "rm"
 
-    def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
-        super().on_train_start(trainer, pl_module)
-        self._first_loss = self._last_loss = self._val = None
+    def evaluation_rows(self, step: int, values: dict[str, float]) -> list[tuple[str, str]]:
+        return [("val_accuracy", f"{values['accuracy']:.4g} (step {step}; val_margin {values['margin']:.4g}, "
+                                 f"val_loss {values['loss']:.4g})")]
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        loss = trainer.callback_metrics.get("rm/loss")
-        if loss is not None:
-            self._last_loss = (trainer.global_step, float(loss))
-            self._first_loss = self._first_loss or self._last_loss
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
-        values = {key.removeprefix("rm/val_"): float(value) for key, value in trainer.callback_metrics.items()
-                  if key.startswith("rm/val_")}
-        if values and not trainer.sanity_checking:
-            self._val = (trainer.global_step, values)
-
-    def lines(self, trainer: L.Trainer) -> list[tuple[str, str]]:
-        rows = [("steps", self.progress(trainer))]
-        if self._first_loss is not None and self._last_loss is not None:
-            (first_step, first), (last_step, last) = self._first_loss, self._last_loss
-            rows.append(("loss", f"{first:.4g} (step {first_step}) -> {last:.4g} (step {last_step})"))
-        if self._val is not None:
-            step, values = self._val
-            rows.append(("val_accuracy", f"{values['accuracy']:.4g} (step {step}; val_margin {values['margin']:.4g}, "
-                                         f"val_loss {values['loss']:.4g})"))
-        rows += places(trainer)
-        checkpoint = last_checkpoint_path(trainer)
-        if checkpoint.exists() and trainer.global_step < trainer.max_steps:
-            rows.append(("resume", f"python -m lit_ppo rm --ckpt_path {shown_path(checkpoint)}"))
-        for callback in trainer.callbacks:
-            model_dir = callback.output_dir(trainer) if isinstance(callback, ExportModel) else None
-            if model_dir is not None and (model_dir / "config.json").is_file():
-                statistics = recorded_reward_statistics(model_dir)
-                if statistics:
-                    rows.append(("rewards", f"mean {statistics['mean']:.4g}, std {statistics['std']:.4g} over the "
-                                            f"training pairs (reward_fns' default normalisation)"))
-                rows.append(("fit against it", f"python -m lit_ppo fit data=dataset data.task_kwargs.train_path="
-                                               f"<prompts> 'data.task_kwargs.reward_fns=[{shown_path(model_dir)}]'"))
+    def model_rows(self, model_dir) -> list[tuple[str, str]]:
+        rows = []
+        statistics = recorded_reward_statistics(model_dir)
+        if statistics:
+            rows.append(("rewards", f"mean {statistics['mean']:.4g}, std {statistics['std']:.4g} over the training "
+                                    f"pairs (reward_fns' default normalisation)"))
+        rows.append(("fit against it", f"python -m lit_ppo fit data=dataset data.task_kwargs.train_path=<prompts> "
+                                       f"'data.task_kwargs.reward_fns=[{shown_path(model_dir)}]'"))
         return rows

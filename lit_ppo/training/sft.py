@@ -142,11 +142,15 @@ class SFTProgress(IterationProgress):
         return f"sft epoch {epoch} val_loss {float(value):.4f}"
 
 
-class SFTSummary(RunSummary):
-    """The block that ends an sft run, as ``RunSummary`` ends a fit (on stdout, and ``summary.txt`` in the run
-    directory and each tracked run): the steps and time, the training loss of the first and last step of this
-    session, the last loss on the test split, where the outputs are, and the commands that resume a run stopped
-    early and start RL from its model (which records its base model: fit chooses that model's settings)."""
+class ExampleJobSummary(RunSummary):
+    """The block that ends a run of a job on examples of its own (sft, rm), as ``RunSummary`` ends a fit (on
+    stdout, and ``summary.txt`` in the run directory and each tracked run): the steps and time, the training loss
+    (``<JOB>/loss``) of the first and last step of this session, the last evaluation on the test split
+    (``<JOB>/val_*``, ``evaluation_rows``), where the outputs are, the command that resumes a run stopped early,
+    and the rows of the exported model directory (``model_rows``)."""
+
+    JOB = "sft"
+    """The job's command and the prefix of its metrics."""
 
     def __init__(self):
         super().__init__()
@@ -154,38 +158,52 @@ class SFTSummary(RunSummary):
         """``(step, training loss)`` of this session's first step."""
         self._last_loss: tuple[int, float] | None = None
         """``(step, training loss)`` of this session's last step."""
-        self._val_loss: tuple[int, float] | None = None
-        """``(step, loss on the test split)`` of the last evaluation."""
+        self._val: tuple[int, dict[str, float]] | None = None
+        """``(step, the last evaluation's <JOB>/val_* values by name)``."""
 
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
-        self._first_loss = self._last_loss = self._val_loss = None
+        self._first_loss = self._last_loss = self._val = None
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        loss = trainer.callback_metrics.get("sft/loss")
+        loss = trainer.callback_metrics.get(f"{self.JOB}/loss")
         if loss is not None:
             self._last_loss = (trainer.global_step, float(loss))
             self._first_loss = self._first_loss or self._last_loss
 
     def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
-        value = trainer.callback_metrics.get("sft/val_loss")
-        if value is not None and not trainer.sanity_checking:
-            self._val_loss = (trainer.global_step, float(value))
+        prefix = f"{self.JOB}/val_"
+        values = {key.removeprefix(prefix): float(value) for key, value in trainer.callback_metrics.items()
+                  if key.startswith(prefix)}
+        if values and not trainer.sanity_checking:
+            self._val = (trainer.global_step, values)
+
+    def evaluation_rows(self, step: int, values: dict[str, float]) -> list[tuple[str, str]]:
+        """The summary's rows of the last evaluation (at ``step``, ``values`` by name)."""
+        return [("val_loss", f"{values['loss']:.4g} (step {step})")]
+
+    def model_rows(self, model_dir) -> list[tuple[str, str]]:
+        """The summary's rows of the exported model directory ``model_dir``."""
+        return [("fit from model", f"python -m lit_ppo fit model={shown_path(model_dir)}")]
 
     def lines(self, trainer: L.Trainer) -> list[tuple[str, str]]:
         rows = [("steps", self.progress(trainer))]
         if self._first_loss is not None and self._last_loss is not None:
             (first_step, first), (last_step, last) = self._first_loss, self._last_loss
             rows.append(("loss", f"{first:.4g} (step {first_step}) -> {last:.4g} (step {last_step})"))
-        if self._val_loss is not None:
-            step, value = self._val_loss
-            rows.append(("val_loss", f"{value:.4g} (step {step})"))
+        if self._val is not None:
+            rows += self.evaluation_rows(*self._val)
         rows += places(trainer)
         checkpoint = last_checkpoint_path(trainer)
         if checkpoint.exists() and trainer.global_step < trainer.max_steps:
-            rows.append(("resume", f"python -m lit_ppo sft --ckpt_path {shown_path(checkpoint)}"))
+            rows.append(("resume", f"python -m lit_ppo {self.JOB} --ckpt_path {shown_path(checkpoint)}"))
         for callback in trainer.callbacks:
             model_dir = callback.output_dir(trainer) if isinstance(callback, ExportModel) else None
             if model_dir is not None and (model_dir / "config.json").is_file():
-                rows.append(("fit from model", f"python -m lit_ppo fit model={shown_path(model_dir)}"))
+                rows += self.model_rows(model_dir)
         return rows
+
+
+class SFTSummary(ExampleJobSummary):
+    """The block that ends an sft run (``ExampleJobSummary``): its last loss on the test split, and the command
+    that starts RL from its model (which records its base model: fit chooses that model's settings)."""

@@ -258,7 +258,7 @@ def test_the_rlhf_recipe_script_runs_the_chain_and_measures_the_hidden_rule_and_
     assert result.returncode == 0, result.stderr[-3000:]
     run = json.loads((tmp_path / "rlhf.json").read_text())["3"]
     pair_accuracy = run["rm"]["val_accuracy"]
-    assert pair_accuracy * 6 == round(pair_accuracy * 6)  # 6 held-out pairs: the 3 of each of 2 test problems
+    assert pair_accuracy * 8 == round(pair_accuracy * 8)  # 8 held-out pairs: the 4 of each of 2 test problems
     lines = result.stdout.splitlines()
     for algo in ("ppo", "grpo"):
         evaluations = run[algo]["evaluations"]

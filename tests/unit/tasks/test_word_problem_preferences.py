@@ -19,7 +19,7 @@ def test_every_pair_is_one_the_rule_decides():
     problems = list(WordProblemsTask(num_train=60).problems("train"))
     for problem in problems:
         pairs = rule_pairs(problem)
-        assert len(pairs) == 3 and pairs == rule_pairs(problem)  # the same problem, the same pairs
+        assert len(pairs) == 4 and pairs == rule_pairs(problem)  # the same problem, the same pairs
         for pair in pairs:
             assert prefers(pair["chosen"], pair["rejected"], problem.answer)
         right, wrong = pairs[0]["chosen"], pairs[0]["rejected"]
@@ -28,7 +28,12 @@ def test_every_pair_is_one_the_rule_decides():
         result = last_number(wrong)
         assert wrong == right.replace(f"= {problem.answer}", f"= {result}").replace(f"is {problem.answer}",
                                                                                    f"is {result}")
-        assert len(pairs[1]["rejected"]) > 2 * len(right)  # the long answer
+        long, cut = pairs[1]["rejected"], pairs[2]["rejected"]
+        assert len(long) > 2 * len(right) and pairs[2]["chosen"] == long  # the long answer
+        # its start, cut off before the result: shorter, and wrong by the rule (its last number an operand)
+        assert long.startswith(cut) and len(cut) < len(long) and last_number(cut) != problem.answer
+        assert pairs[3]["rejected"] == cut and last_number(pairs[3]["chosen"]) == problem.answer
+        assert len(pairs[3]["chosen"]) < len(cut)
     # All six templates (two per operation) are among the 60 problems.
     assert {sign for p in problems for sign in " + - * ".split() if f" {sign} " in rule_pairs(p)[0]["chosen"]} == {
         "+", "-", "*"}
@@ -39,6 +44,7 @@ def test_the_pairs_spell_out_the_problems_operation():
                                       "left?", answer="67"))
     assert "73 - 6 = 67" in pairs[0]["chosen"] and "73 - 6 = 67" in pairs[1]["rejected"]
     assert pairs[1]["rejected"].startswith("To find the answer, we need to subtract")
+    assert pairs[2]["rejected"].endswith("73 - 6 =")
     pairs = rule_pairs(Problem(prompt="Mia buys 7 bags with 10 coins in each bag. How many coins does Mia buy in "
                                       "total?", answer="70"))
     assert "7 * 10 = 70" in pairs[0]["chosen"] and pairs[0]["chosen"].endswith("coins.")
@@ -70,3 +76,13 @@ def test_the_recipes_prompts_are_held_out_from_the_reward_models_problems_and_fr
     assert not (texts[0] & texts[1] or texts[0] & texts[2] or texts[1] & texts[2])
     assert all(row["answer"] == str(int(row["answer"])) for row in train + test)
     assert script.merged(["a=1", "b=2"], ["b=3", "c=4"]) == ["a=1", "b=3", "c=4"]
+
+
+def test_the_cut_off_answer_stops_where_its_last_number_is_not_the_result():
+    problem = Problem(prompt="Mia buys 1 bags with 10 coins in each bag. How many coins does Mia buy in total?",
+                      answer="10")
+    pairs = rule_pairs(problem)  # cut at "1 * 10 =" its last number would be the result
+    assert len(pairs) == 4 and pairs[2]["rejected"].endswith("in the problem, 1 and")
+    problem = Problem(prompt="Mia buys 1 bags with 1 coins in each bag. How many coins does Mia buy in total?",
+                      answer="1")
+    assert len(rule_pairs(problem)) == 2  # every cut ends on the result: no cut-off pairs
