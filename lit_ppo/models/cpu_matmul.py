@@ -56,9 +56,10 @@ def _cpu_vendor() -> str:
 
 
 def applies(*tensors: torch.Tensor) -> bool:
-    """Whether a product of ``tensors`` goes through oneDNN: float32 on CPU, outside autocast, oneDNN chosen."""
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
-            and not torch.is_autocast_enabled("cpu") and onednn_chosen())
+    """Whether a product of ``tensors`` goes through oneDNN: plain float32 tensors on CPU (not a sharded or
+    other tensor subclass, which keeps torch's dispatch), outside autocast, oneDNN chosen."""
+    return (all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu" and t.dtype == torch.float32
+                for t in tensors) and not torch.is_autocast_enabled("cpu") and onednn_chosen())
 
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

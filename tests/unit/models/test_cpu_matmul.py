@@ -126,3 +126,15 @@ def test_log_probs_and_their_gradients_match_torch_products(choose, tiny, monkey
     torch.testing.assert_close(logp_onednn, logp_torch, rtol=0, atol=1e-5)
     for name, grad in grads_torch.items():
         torch.testing.assert_close(grads_onednn[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_tensor_subclass_keeps_torchs_dispatch(choose):
+    """A sharded weight (DTensor) or any other tensor subclass is left to torch: oneDNN takes plain tensors."""
+    choose("onednn")
+
+    class Tagged(torch.Tensor):
+        pass
+
+    x = torch.randn(3, 48)
+    assert cpu_matmul.applies(x, torch.nn.Parameter(torch.randn(40, 48)))
+    assert not cpu_matmul.applies(x, torch.randn(40, 48).as_subclass(Tagged))
