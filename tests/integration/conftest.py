@@ -69,25 +69,36 @@ def cli(tmp_path):
     return call
 
 
-@pytest.fixture
-def cli_here(cli, capfd, monkeypatch):
-    """``cli``'s command through the same entry point in this process (``python -m lit_ppo`` is
-    ``lit_ppo.__main__.main``), in the same working directory and cache: a CompletedProcess like
-    ``cli``'s, without the seconds of a new interpreter's imports. For tests where one representative
-    of the kind runs in a real subprocess (exit code, stderr as a user sees them, dependency noise)."""
+def run_here(args: list[str], cwd: Path, monkeypatch, capfd, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``run_cli``'s command through the same entry point in this process (``python -m lit_ppo`` is
+    ``lit_ppo.__main__.main``), in ``cwd`` with its cache and ``env`` on top of this process's (``monkeypatch``
+    puts them back): a CompletedProcess like ``run_cli``'s, without the seconds of a new interpreter's imports."""
     from lit_ppo.__main__ import main
 
-    def call(*args: str) -> subprocess.CompletedProcess:
-        monkeypatch.chdir(cli.cwd)
-        monkeypatch.setenv("LIT_PPO_CACHE", str(cli.cwd / "cache"))
-        for key in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # seed_everything's, put back after the test
+    monkeypatch.chdir(cwd)
+    for key, value in {"LIT_PPO_CACHE": str(cwd / "cache"), **(env or {})}.items():
+        if value is None:
             monkeypatch.delenv(key, raising=False)
-        try:
-            code = main(list(args))
-        except SystemExit as e:  # --print_config exits after printing
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        out, err = capfd.readouterr()
-        return subprocess.CompletedProcess([sys.executable, "-m", "lit_ppo", *args], code, out, err)
+        else:
+            monkeypatch.setenv(key, value)
+    for key in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # seed_everything's, put back after the test
+        monkeypatch.delenv(key, raising=False)
+    capfd.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as e:  # --print_config and --help exit after printing
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess([sys.executable, "-m", "lit_ppo", *args], code, out, err)
+
+
+@pytest.fixture
+def cli_here(cli, capfd, monkeypatch):
+    """``cli``'s command in this process (``run_here``), in the same working directory and cache. For tests
+    where one representative of the kind runs in a real subprocess (exit code, stderr as a user sees them,
+    dependency noise)."""
+    def call(*args: str) -> subprocess.CompletedProcess:
+        return run_here(list(args), cli.cwd, monkeypatch, capfd)
 
     call.cwd = cli.cwd
     return call

