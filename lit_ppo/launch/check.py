@@ -111,6 +111,7 @@ def check_values(tree: dict, subcommand: str = "fit") -> CheckedValues:
     trainer = tree.get("trainer") or {}
     _check_logger(trainer)
     _check_launch_environment(trainer)
+    _check_cpu_kernels()
     if subcommand == "fit":
         _check_run_names(trainer)
     check_trainer_values(trainer)
@@ -194,6 +195,7 @@ def _check_example_job(tree: dict, job: str, datamodule: Callable[[dict], Any]) 
         raise ConfigError(f"trainer.strategy={strategy!r}: {job} runs in one process or under trainer=ddp")
     _check_logger(trainer)
     _check_launch_environment(trainer)
+    _check_cpu_kernels()
     _check_run_names(trainer)
     check_trainer_values(trainer, manual_optimization=False)
     _check_model_source(model_cfg)
@@ -234,14 +236,17 @@ def _check_teacher(model_cfg: ModelConfig, files_only: bool = False) -> None:
             raise ConfigError(f"model.teacher={model_cfg.teacher} {problem}")
 
 
-def _check_launch_environment(trainer: dict) -> None:
-    """A process rank other than 0 (or a world of several processes) left in the environment by another
-    launch, for a config that runs one process: Lightning would take this process for that rank, keep it
-    from logging, and lit_ppo would write no run for it. And a bad choice of float32 CPU kernels
-    (``lit_ppo.models.cpu_matmul.ENV``)."""
+def _check_cpu_kernels() -> None:
+    """The float32 CPU kernels the environment chooses (``lit_ppo.models.cpu_matmul.ENV``), before the run."""
     from lit_ppo.models.cpu_matmul import onednn_chosen
 
     onednn_chosen()
+
+
+def _check_launch_environment(trainer: dict) -> None:
+    """A process rank other than 0 (or a world of several processes) left in the environment by another
+    launch, for a config that runs one process: Lightning would take this process for that rank, keep it
+    from logging, and lit_ppo would write no run for it."""
     devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1)
     one = nodes == 1 and (len(devices) == 1 if isinstance(devices, list) else devices in (1, "1") or (
         devices == "auto" and trainer.get("accelerator") == "cpu"))

@@ -91,7 +91,6 @@ class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias):
         ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
         return _onednn_linear(x, weight, bias)
 
     @staticmethod
@@ -101,7 +100,7 @@ class _Linear(torch.autograd.Function):
         grad_2d = grad.reshape(-1, grad.shape[-1])
         grad_x = _onednn_linear(grad, weight.t()) if need_x else None
         grad_weight = _onednn_linear(grad_2d.t(), x.reshape(-1, x.shape[-1]).t()) if need_weight else None
-        grad_bias = grad_2d.sum(0) if need_bias and ctx.has_bias else None
+        grad_bias = grad_2d.sum(0) if need_bias else None  # False without a bias
         return grad_x, grad_weight, grad_bias
 
 
