@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -81,13 +82,28 @@ def run_here(args: list[str], cwd: Path, monkeypatch, capfd, env: dict | None = 
             monkeypatch.delenv(key, raising=False)
         else:
             monkeypatch.setenv(key, value)
-    for key in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # seed_everything's, put back after the test
+    for key in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # an earlier seed_everything's, not this run's
         monkeypatch.delenv(key, raising=False)
+    # A dependency's log handler holds the stderr of when it was made (lightning's, made at its import, writes
+    # "`Trainer.fit` stopped: ..." there): in a new process that is the process's stderr, here an earlier
+    # test's capture. For the call, they write to this test's stderr.
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    handlers = [h for logger in loggers for h in getattr(logger, "handlers", ())
+                if type(h) is logging.StreamHandler and h.stream is not sys.stdout]
     capfd.readouterr()
+    streams = [h.stream for h in handlers]
+    for handler in handlers:
+        handler.stream = sys.stderr  # not setStream, which flushes the old one (maybe closed)
+    environ = dict(os.environ)  # what the run sets for its own ranks (its run directory) ends with it
     try:
         code = main(list(args))
     except SystemExit as e:  # --print_config and --help exit after printing
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        for handler, stream in zip(handlers, streams):
+            handler.stream = stream
+        os.environ.clear()
+        os.environ.update(environ)
     out, err = capfd.readouterr()
     return subprocess.CompletedProcess([sys.executable, "-m", "lit_ppo", *args], code, out, err)
 

@@ -172,6 +172,9 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_job_trains_on_two_ranks_in_one_run_dir_and_is_requeued_on_sigusr1(tmp_path, monkeypatch, capsys):
+    # Iterations of the job: the warning, sent once "iteration 1" is in the log, must arrive before the last
+    # (a tiny iteration takes a fraction of a second, the log is read every 0.1 s).
+    STEPS = 8
     bin_dir, probe = tmp_path / "bin", tmp_path / "probe"
     bin_dir.mkdir()
     for name, text in (("srun", SRUN), ("scontrol", SCONTROL)):
@@ -182,7 +185,8 @@ def test_job_trains_on_two_ranks_in_one_run_dir_and_is_requeued_on_sigusr1(tmp_p
                  f"{{class_path: tests.integration.rank_probe.RankProbe, init_args: {{out_dir: '{probe}'}}}}]")
     fast = [a for a in FAST if not a.startswith("trainer.max_steps")]
     monkeypatch.chdir(tmp_path)
-    script, text, _ = dry_run(capsys, "algo=grpo", *fast, "trainer.max_steps=3", callbacks, "scheduler.nodes=2")
+    script, text, _ = dry_run(capsys, "algo=grpo", *fast, f"trainer.max_steps={STEPS}", callbacks,
+                                "scheduler.nodes=2")
     run_dir = script.parent.parent
     # What sbatch and srun export to a 2-node job of one task per node; the ports of this machine.
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "LIT_PPO_RUN_DIR"))},
@@ -205,7 +209,7 @@ def test_job_trains_on_two_ranks_in_one_run_dir_and_is_requeued_on_sigusr1(tmp_p
     assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n"
     last = run_dir / "checkpoints" / "last.ckpt"
     stopped_at = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
-    assert 1 <= stopped_at < 3, first[-3000:]
+    assert 1 <= stopped_at < STEPS, first[-3000:]
     assert f"run directory: {run_dir.relative_to(tmp_path)}\n" in first
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in first
 
@@ -217,9 +221,9 @@ def test_job_trains_on_two_ranks_in_one_run_dir_and_is_requeued_on_sigusr1(tmp_p
     assert f"Restoring states from the checkpoint path at {last}" in second
     assert f"run directory: {run_dir.relative_to(tmp_path)}\n" in second
     assert [p.name for p in run_dir.parent.iterdir()] == [run_dir.name]  # no other run was made
-    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 3
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == STEPS
     ranks = [json.loads((probe / f"rank{r}.json").read_text()) for r in range(2)]
-    assert [r["world_size"] for r in ranks] == [2, 2] and [r["steps"] for r in ranks] == [3, 3]
+    assert [r["world_size"] for r in ranks] == [2, 2] and [r["steps"] for r in ranks] == [STEPS, STEPS]
     assert [r["ckpt_dir"] for r in ranks] == [str(run_dir / "checkpoints")] * 2  # rank 1 learned it by broadcast
     assert ranks[0]["final"] == ranks[1]["final"]
     assert not list(tmp_path.rglob("hpc_ckpt_*.ckpt"))  # Lightning's own requeue handler never ran
