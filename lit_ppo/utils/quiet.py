@@ -64,8 +64,9 @@ EXPECTED_WARNINGS = ("Using ModelCheckpoint with manual optimization", "You are 
                      "Found `dataloader_iter` argument", "Found .* module\\(s\\) in eval mode",
                      "LightningCLI's args parameter is intended",
                      "Be aware that when using `ckpt_path`, callbacks used to create the checkpoint",
-                     # A resume continues the run's own checkpoints directory (checkpoint.keep goes on there).
-                     "Checkpoint directory .* exists and is not empty",
+                     # A resume continues the run's own checkpoints directory (checkpoint.keep goes on there);
+                     # a branch keeps its checkpoints in its new run directory, deleting none of the old run's.
+                     "Checkpoint directory .* exists and is not empty", "The dirpath has changed from",
                      # eval/* are sums that on_validation_epoch_end all-reduces itself.
                      "It is recommended to use `self.log\\('eval/")
 
