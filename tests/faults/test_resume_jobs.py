@@ -15,7 +15,7 @@ import torch
 
 from lit_ppo.training.sft_data import SFTDataModule
 from tests.faults.test_check_speed import assert_refused_quickly
-from tests.integration.conftest import run_cli
+from tests.integration.conftest import run_cli, run_here
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +37,12 @@ def notes(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("note: resuming with")]
 
 
+@pytest.fixture
+def here(monkeypatch, capfd):
+    """``python -m lit_ppo <args>`` in ``cwd`` through its entry point in this process (``run_here``)."""
+    return lambda args, cwd: run_here(args, cwd, monkeypatch, capfd)
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """``last.ckpt`` of a GRPO fit (one iteration) and of an sft run (two steps), each made by the CLI."""
@@ -51,11 +57,11 @@ def checkpoints(tmp_path_factory):
 
 
 @pytest.mark.parametrize("job, written_by", [("sft", "fit (algo=grpo)"), ("fit", "sft")])
-def test_a_checkpoint_is_refused_by_the_job_that_did_not_write_it(checkpoints, job, written_by):
+def test_a_checkpoint_is_refused_by_the_job_that_did_not_write_it(checkpoints, job, written_by, here):
     cwd, fit, sft = checkpoints
     ckpt = sft if job == "fit" else fit
     before = sorted(p.relative_to(cwd) for p in cwd.rglob("*"))
-    result = run_cli([job, "logger=none", "actor.optimizer.lr=0.02", "--ckpt_path", str(ckpt)], cwd)
+    result = here([job, "logger=none", "actor.optimizer.lr=0.02", "--ckpt_path", str(ckpt)], cwd)
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.splitlines() == [
         f"error: --ckpt_path {ckpt}: was written by {written_by}, not by {job}: {job} resumes only its own "
@@ -73,9 +79,9 @@ def test_a_resume_that_changes_the_model_is_refused_as_soon_as_its_checkpoint_is
 
 
 @pytest.mark.parametrize("subcommand", ["validate", "test"])
-def test_an_sft_checkpoint_is_refused_by_validate_and_test_naming_how_to_score_its_model(checkpoints, subcommand):
+def test_an_sft_checkpoint_is_refused_by_validate_and_test_naming_how_to_score_its_model(checkpoints, subcommand, here):
     cwd, _, sft = checkpoints
-    result = run_cli([subcommand, "--ckpt_path", str(sft)], cwd)
+    result = here([subcommand, "--ckpt_path", str(sft)], cwd)
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.splitlines() == [
         f"error: --ckpt_path {sft}: was written by sft, whose run has no task to score: {subcommand} scores fit's "
@@ -83,9 +89,9 @@ def test_an_sft_checkpoint_is_refused_by_validate_and_test_naming_how_to_score_i
         f"then python -m lit_ppo {subcommand} model=DIR"]
 
 
-def test_sft_resume_refuses_what_its_batches_were_made_with_and_notes_a_changed_data_file(checkpoints):
+def test_sft_resume_refuses_what_its_batches_were_made_with_and_notes_a_changed_data_file(checkpoints, here):
     cwd, _, sft = checkpoints
-    refused = run_cli(["sft", *SFT[:-1], "sft.batch_size=8", "--ckpt_path", str(sft)], cwd)
+    refused = here(["sft", *SFT[:-1], "sft.batch_size=8", "--ckpt_path", str(sft)], cwd)
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert refused.stderr.splitlines() == [
         f"error: sft.batch_size=8 cannot change when resuming --ckpt_path {sft} (the run had 4): its batches and "
@@ -95,7 +101,7 @@ def test_sft_resume_refuses_what_its_batches_were_made_with_and_notes_a_changed_
     original = data.read_text()
     try:
         data.write_text(original.replace('"completion": "0"', '"completion": "zero"'))
-        resumed = run_cli(["sft", *SFT, "actor.optimizer.lr=0.002", "trainer.max_steps=3", "--ckpt_path", str(sft)],
+        resumed = here(["sft", *SFT, "actor.optimizer.lr=0.002", "trainer.max_steps=3", "--ckpt_path", str(sft)],
                           cwd)
     finally:
         data.write_text(original)
@@ -108,8 +114,8 @@ def test_sft_resume_refuses_what_its_batches_were_made_with_and_notes_a_changed_
     assert step_of(cwd / sft) == 3
 
 
-def test_a_resume_changes_only_the_checkpoint_keys_it_names_and_goes_on_writing_last_ckpt(tmp_path):
-    first = run_cli(["fit", *FIT, "checkpoint.every_n_iterations=1", "trainer.max_steps=3"], tmp_path)
+def test_a_resume_changes_only_the_checkpoint_keys_it_names_and_goes_on_writing_last_ckpt(tmp_path, here):
+    first = here(["fit", *FIT, "checkpoint.every_n_iterations=1", "trainer.max_steps=3"], tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     (last,) = tmp_path.glob("runs/*/*/checkpoints/last.ckpt")
     # checkpoint.keep alone: every iteration is still checkpointed, and the note names lit_ppo's key.
@@ -121,7 +127,7 @@ def test_a_resume_changes_only_the_checkpoint_keys_it_names_and_goes_on_writing_
     (checkpoint,) = [c for c in tree["trainer"]["callbacks"] if c["class_path"].endswith("ModelCheckpoint")]
     assert (checkpoint["init_args"]["every_n_train_steps"], checkpoint["init_args"]["save_top_k"]) == (1, 5)
     # Every 2 iterations now, 2 kept, up to iteration 6: 4 and 6 are the run's checkpoints, last.ckpt holds 6.
-    again = run_cli(["fit", *FIT, "checkpoint.every_n_iterations=2", "checkpoint.keep=2", "trainer.max_steps=6",
+    again = here(["fit", *FIT, "checkpoint.every_n_iterations=2", "checkpoint.keep=2", "trainer.max_steps=6",
                      "--ckpt_path", str(last)], tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert notes(again.stderr) == ["note: resuming with checkpoint.every_n_iterations=2 (the run had 1)",
@@ -132,7 +138,7 @@ def test_a_resume_changes_only_the_checkpoint_keys_it_names_and_goes_on_writing_
     assert step_of(last) == 6
 
 
-def test_a_bad_row_is_named_by_its_file_and_line(tmp_path, monkeypatch):
+def test_a_bad_row_is_named_by_its_file_and_line(tmp_path, monkeypatch, here):
     monkeypatch.chdir(tmp_path)
     write_sums(tmp_path / "sums.jsonl", n=20)
     lines = (tmp_path / "sums.jsonl").read_text().splitlines()
@@ -146,6 +152,6 @@ def test_a_bad_row_is_named_by_its_file_and_line(tmp_path, monkeypatch):
         SFTDataModule("dataset", {"train_path": "sums.jsonl", "test_fraction": 0.3, "seed": 1}, SFTConfig())
     assert str(error.value) == ("sums.jsonl line 15, column 'completion': int is not a string or a list of "
                                 "assistant messages {role: assistant, content}")
-    result = run_cli(["sft", "logger=none", "data=dataset", "data.task_kwargs.train_path=sums.jsonl",
+    result = here(["sft", "logger=none", "data=dataset", "data.task_kwargs.train_path=sums.jsonl",
                       "data.task_kwargs.test_fraction=0.3"], tmp_path)
     assert result.returncode == 2 and result.stderr.splitlines()[-1] == f"error: {error.value}", result.stderr
