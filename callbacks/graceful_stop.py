@@ -115,7 +115,7 @@ class GracefulStop(L.Callback):
         if stopping:
             trainer.should_stop = True
         finished = 0 < trainer.max_steps <= trainer.global_step and self._keeps_last(trainer)
-        if (stopping or finished) and trainer.global_step > self._saved_step:
+        if (stopping or finished) and trainer.global_step > self._saved_step and not _writes_last_now(trainer):
             # Before the final evaluation, which may fail (a reward that breaks on the test split).
             self._write_last(trainer)
 
@@ -198,10 +198,22 @@ class GracefulStop(L.Callback):
         for cb in trainer.callbacks:
             if isinstance(cb, ModelCheckpoint) and cb.dirpath and Path(cb.dirpath) == path.parent:
                 cb.last_model_path = str(path)
+                # ModelCheckpoint writes last.ckpt when training ends unless it wrote one itself in this fit: the
+                # same state again (3.2 GB for SmolLM2 under PPO).
+                cb._last_checkpoint_saved = str(path)
 
     def _say(self, message: str) -> None:
         if self._trainer is None or self._trainer.is_global_zero:
             print(message, file=sys.stderr, flush=True)
+
+
+def _writes_last_now(trainer: L.Trainer) -> bool:
+    """Whether the ModelCheckpoint of last.ckpt writes it at this iteration's end, beside its periodic checkpoint
+    (it runs after every other callback): then that file holds the iteration, written once."""
+    path = last_checkpoint_path(trainer)
+    return any(isinstance(cb, ModelCheckpoint) and cb.save_last and cb.dirpath and Path(cb.dirpath) == path.parent
+               and cb._every_n_train_steps >= 1 and trainer.global_step % cb._every_n_train_steps == 0
+               and not cb._should_skip_saving_checkpoint(trainer) for cb in trainer.callbacks)
 
 
 def _saved_state(cb: ModelCheckpoint, states: dict) -> dict | None:

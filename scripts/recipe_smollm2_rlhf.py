@@ -2,20 +2,21 @@
 of a hidden rule (``lit_ppo.tasks.word_problem_preferences``: the correct answer, then the shorter), then PPO and
 GRPO against it on held-out word problems.
 
-    python scripts/recipe_smollm2_rlhf.py --seeds 0 [1 ...] [--json out.json] [--rm-set key=value ...] [key=value ...]
+    python scripts/recipe_smollm2_rlhf.py --seeds 0 [1 ...] [--algos ppo grpo] [--json out.json]
+                                          [--rm-set key=value ...] [key=value ...]
     python scripts/recipe_smollm2_rlhf.py --write-prompts DIR    # the prompt files of the recipe, nothing else
     python scripts/recipe_smollm2_rlhf.py --from-json out.json   # the tables of saved runs
 
-For each seed, every command is the recipe's own, run as a subprocess in a temporary directory with its own
-MLflow store, one at a time: the prompt files (``--write-prompts``), ``python -m lit_ppo rm`` (``RM``, then the
-``--rm-set`` overrides), and ``python -m lit_ppo fit recipe=smollm2_rlhf algo=ppo`` and ``algo=grpo`` with the
-reward model's directory and the hidden rule in ``reward_fns`` (weight 0: it only measures) and the other
-``key=value`` arguments. Read back: the reward model's held-out pair accuracy (its last ``rm epoch ...
+For each seed, every command is the recipe's own, run as a subprocess in a temporary directory with its own MLflow
+store, one at a time: the prompt files (``--write-prompts``), ``python -m lit_ppo rm`` (``RM``, then the
+``--rm-set`` overrides), and ``python -m lit_ppo fit recipe=smollm2_rlhf algo=ppo`` and ``algo=grpo`` (those of
+``--algos``) with the reward model's directory and the hidden rule in ``reward_fns`` (weight 0: it only measures)
+and the other ``key=value`` arguments. Read back: the reward model's held-out pair accuracy (its last ``rm epoch ...
 val_accuracy`` line, on pairs of test problems it never trained on) and, from each fit's MLflow run, the greedy
-evaluation on the held-out test prompts before training (step 0) and after each evaluation: ``eval/accuracy``
-(the hidden rule: the share answered correctly), ``eval/rewards/<reward model>/mean`` (the reward model's own
-normalised score: a rise of it without one of the rule's is reward hacking) and ``eval/response_length``. Each
-command's wall time and peak memory (the child's maximum resident set size, ``os.wait4``) are reported.
+evaluation on the held-out test prompts before training (step 0) and after each evaluation: ``eval/accuracy`` (the
+hidden rule: the share answered correctly), ``eval/rewards/<reward model>/mean`` (the reward model's own normalised
+score: a rise of it without one of the rule's is reward hacking) and ``eval/response_length``. Each command's wall
+time and peak memory (the child's maximum resident set size, ``os.wait4``) are reported.
 """
 
 from __future__ import annotations
@@ -103,9 +104,10 @@ def read_evaluations(workdir: Path) -> dict:
             for name, key in [*((k, k) for k in EVALUATED), ("reward_model", rm_metric)]}
 
 
-def chain(seed: int, rm_overrides: list[str], fit_overrides: list[str], tmp: Path, cache: Path) -> Iterator[tuple]:
-    """The recipe's commands for ``seed`` (the module docstring), one at a time: each command's name and what it
-    measured, as it ends."""
+def chain(seed: int, rm_overrides: list[str], fit_overrides: list[str], tmp: Path, cache: Path,
+          algos: tuple[str, ...] = ALGOS) -> Iterator[tuple]:
+    """The recipe's commands for ``seed`` (the module docstring), with a fit for each of ``algos``, one at a time:
+    each command's name and what it measured, as it ends."""
     workdir = tmp / f"seed{seed}"
     prompts = workdir / "rlhf"
     write_prompts(prompts)
@@ -114,7 +116,7 @@ def chain(seed: int, rm_overrides: list[str], fit_overrides: list[str], tmp: Pat
     model = re.search(r"^  model +(\S+) ", rm["output"], re.M).group(1)
     yield "rm", {"val_accuracy": float(accuracy[-1]) if accuracy else None, "wall_s": rm["wall_s"],
                  "peak_rss_gib": rm["peak_rss_gib"]}
-    for algo in ALGOS:
+    for algo in algos:
         fit_dir = workdir / algo
         fit_dir.mkdir()
         fit = run(["fit", *merged(["recipe=smollm2_rlhf", f"algo={algo}", f"seed={seed}",
@@ -154,6 +156,8 @@ def report(runs: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS),
+                        help="the algorithms trained against the reward model")
     parser.add_argument("--rm-set", action="append", default=[], metavar="KEY=VALUE",
                         help="an override of the rm command (after the recipe's)")
     parser.add_argument("--json", type=Path, help="write every number here")
@@ -171,7 +175,7 @@ def main() -> None:
     runs = {}
     with tempfile.TemporaryDirectory(prefix="recipe_rlhf_") as tmp:
         for seed in args.seeds:
-            for command, measured in chain(seed, args.rm_set, overrides, Path(tmp), cache):
+            for command, measured in chain(seed, args.rm_set, overrides, Path(tmp), cache, tuple(args.algos)):
                 runs.setdefault(seed, {})[command] = measured
                 print(f"seed {seed}: {command} done ({measured['wall_s'] / 60:.1f} min)", flush=True)
                 if args.json:  # after each command, so that a stopped run keeps what it finished
