@@ -193,14 +193,16 @@ class GracefulStop(L.Callback):
 
     def _write_last(self, trainer: L.Trainer) -> None:
         path = last_checkpoint_path(trainer)
+        owners = [cb for cb in trainer.callbacks
+                  if isinstance(cb, ModelCheckpoint) and cb.dirpath and Path(cb.dirpath) == path.parent]
+        for cb in owners:  # its state in the file names the file: a resume writes last.ckpt again, not last-v1.ckpt
+            cb.last_model_path = str(path)
         trainer.save_checkpoint(path, weights_only=False)  # the full state: resuming needs it
         self._saved_step = trainer.global_step
-        for cb in trainer.callbacks:
-            if isinstance(cb, ModelCheckpoint) and cb.dirpath and Path(cb.dirpath) == path.parent:
-                cb.last_model_path = str(path)
-                # ModelCheckpoint writes last.ckpt when training ends unless it wrote one itself in this fit: the
-                # same state again (3.2 GB for SmolLM2 under PPO).
-                cb._last_checkpoint_saved = str(path)
+        for cb in owners:
+            # ModelCheckpoint writes last.ckpt when training ends unless it wrote one itself in this fit: the
+            # same state again (3.2 GB for SmolLM2 under PPO).
+            cb._last_checkpoint_saved = str(path)
 
     def _say(self, message: str) -> None:
         if self._trainer is None or self._trainer.is_global_zero:
