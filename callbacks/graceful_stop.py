@@ -193,8 +193,7 @@ class GracefulStop(L.Callback):
 
     def _write_last(self, trainer: L.Trainer) -> None:
         path = last_checkpoint_path(trainer)
-        owners = [cb for cb in trainer.callbacks
-                  if isinstance(cb, ModelCheckpoint) and cb.dirpath and Path(cb.dirpath) == path.parent]
+        owners = _owners_of_last(trainer)
         for cb in owners:  # its state in the file names the file: a resume writes last.ckpt again, not last-v1.ckpt
             cb.last_model_path = str(path)
         trainer.save_checkpoint(path, weights_only=False)  # the full state: resuming needs it
@@ -209,13 +208,18 @@ class GracefulStop(L.Callback):
             print(message, file=sys.stderr, flush=True)
 
 
+def _owners_of_last(trainer: L.Trainer) -> list[ModelCheckpoint]:
+    """The ModelCheckpoint callbacks whose directory holds last.ckpt."""
+    directory = last_checkpoint_path(trainer).parent
+    return [cb for cb in trainer.callbacks
+            if isinstance(cb, ModelCheckpoint) and cb.dirpath and Path(cb.dirpath) == directory]
+
+
 def _writes_last_now(trainer: L.Trainer) -> bool:
     """Whether the ModelCheckpoint of last.ckpt writes it at this iteration's end, beside its periodic checkpoint
     (it runs after every other callback): then that file holds the iteration, written once."""
-    path = last_checkpoint_path(trainer)
-    return any(isinstance(cb, ModelCheckpoint) and cb.save_last and cb.dirpath and Path(cb.dirpath) == path.parent
-               and cb._every_n_train_steps >= 1 and trainer.global_step % cb._every_n_train_steps == 0
-               and not cb._should_skip_saving_checkpoint(trainer) for cb in trainer.callbacks)
+    return any(cb.save_last and cb._every_n_train_steps >= 1 and trainer.global_step % cb._every_n_train_steps == 0
+               and not cb._should_skip_saving_checkpoint(trainer) for cb in _owners_of_last(trainer))
 
 
 def _saved_state(cb: ModelCheckpoint, states: dict) -> dict | None:

@@ -102,7 +102,7 @@ def test_sft_resume_refuses_what_its_batches_were_made_with_and_notes_a_changed_
     try:
         data.write_text(original.replace('"completion": "0"', '"completion": "zero"'))
         resumed = here(["sft", *SFT, "actor.optimizer.lr=0.002", "trainer.max_steps=3", "--ckpt_path", str(sft)],
-                          cwd)
+                       cwd)
     finally:
         data.write_text(original)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -128,7 +128,7 @@ def test_a_resume_changes_only_the_checkpoint_keys_it_names_and_goes_on_writing_
     assert (checkpoint["init_args"]["every_n_train_steps"], checkpoint["init_args"]["save_top_k"]) == (1, 5)
     # Every 2 iterations now, 2 kept, up to iteration 6: 4 and 6 are the run's checkpoints, last.ckpt holds 6.
     again = here(["fit", *FIT, "checkpoint.every_n_iterations=2", "checkpoint.keep=2", "trainer.max_steps=6",
-                     "--ckpt_path", str(last)], tmp_path)
+                  "--ckpt_path", str(last)], tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert notes(again.stderr) == ["note: resuming with checkpoint.every_n_iterations=2 (the run had 1)",
                                    "note: resuming with checkpoint.keep=2 (the run had 3)",
@@ -153,5 +153,5 @@ def test_a_bad_row_is_named_by_its_file_and_line(tmp_path, monkeypatch, here):
     assert str(error.value) == ("sums.jsonl line 15, column 'completion': int is not a string or a list of "
                                 "assistant messages {role: assistant, content}")
     result = here(["sft", "logger=none", "data=dataset", "data.task_kwargs.train_path=sums.jsonl",
-                      "data.task_kwargs.test_fraction=0.3"], tmp_path)
+                   "data.task_kwargs.test_fraction=0.3"], tmp_path)
     assert result.returncode == 2 and result.stderr.splitlines()[-1] == f"error: {error.value}", result.stderr
