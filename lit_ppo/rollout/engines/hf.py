@@ -11,7 +11,9 @@ trainer's recompute with ``sampling_logprobs`` gives the same number.
 
 Precision: the engine computes in its copy's dtype (``dtype``, default the policy's) and, with
 ``autocast``, under ``torch.autocast`` as Lightning's ``trainer.precision=bf16-mixed`` runs the
-trainer; the sampling log-softmax is float32 either way.
+trainer; the sampling log-softmax is float32 either way. On CPU the linear layers decode with their
+weights packed once per call for oneDNN (``lit_ppo.models.cpu_matmul.packed_linears``): the same numbers
+in less time.
 
 Randomness is per sample: sample ``j`` of prompt ``i`` draws its uniforms from a generator seeded
 with a hash of ``(seed, i, j)``. A completion therefore depends only on its prompt, its index and
@@ -30,6 +32,7 @@ import torch
 
 from lit_ppo.config.rollout import precision_problem
 from lit_ppo.models import torch_dtype
+from lit_ppo.models.cpu_matmul import packed_linears
 from lit_ppo.models.sampling import allowed_mask, sampling_logits
 from lit_ppo.rollout.engines.protocol import Completion, SamplingParams
 
@@ -104,8 +107,9 @@ class HFEngine:
                     if self.autocast is not None else contextlib.nullcontext())
         training = self.model.training
         self.model.eval()
+        rows = max(1, min(len(prompts) * params.n, self.max_batch_size))
         try:
-            with no_grad, autocast:
+            with no_grad, autocast, packed_linears(self.model, rows):
                 return self._generate(prompts, params)
         finally:
             self.model.train(training)

@@ -138,3 +138,70 @@ def test_a_tensor_subclass_keeps_torchs_dispatch(choose):
     x = torch.randn(3, 48)
     assert cpu_matmul.applies(x, torch.nn.Parameter(torch.randn(40, 48)))
     assert not cpu_matmul.applies(x, torch.randn(40, 48).as_subclass(Tagged))
+
+
+def _layers():
+    """A Float32Linear, a plain Linear and one below the size: under autocast the first two get packed,
+    in float32 the first only (the plain one computes with MKL, whose sums differ from oneDNN's)."""
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 320), torch.nn.Linear(320, 256, bias=False),
+                                torch.nn.Linear(256, 255))
+    model[0].__class__ = Float32Linear
+    return model
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 64])
+def test_packed_layers_compute_the_same_numbers_and_are_themselves_again_afterwards(choose, rows):
+    choose("onednn")
+    model = _layers()
+    x = torch.randn(rows, 256)
+    with torch.no_grad():
+        plain = model(x)
+        with cpu_matmul.packed_linears(model, rows=rows):
+            assert [type(m).__name__ for m in model] == ["_PackedLinear", "Linear", "Linear"]
+            packed = model(x)
+            # The row count is a hint, not a limit: any other count, a single row too, gives the same bits.
+            others = [torch.randn(n, 256) for n in (1, 2 * rows + 1)]
+            packed_others = [model(other) for other in others]
+        plain_others = [model(other) for other in others]
+    assert [type(m) for m in model] == [Float32Linear, torch.nn.Linear, torch.nn.Linear]
+    assert not any(hasattr(m, "_packed_weight") for m in model)
+    assert torch.equal(packed, plain)  # the products oneDNN computes with a plain weight, bit for bit
+    W = [m.weight.double() for m in model]
+    by_hand = ((x.double() @ W[0].T + model[0].bias.double()) @ W[1].T) @ W[2].T + model[2].bias.double()
+    torch.testing.assert_close(packed.double(), by_hand, rtol=0, atol=1e-5)
+    assert all(torch.equal(a, b) for a, b in zip(packed_others, plain_others))
+
+
+def test_packed_layers_under_bfloat16_autocast_compute_what_autocast_computes(choose):
+    choose("onednn")
+    model = _layers()
+    x = torch.randn(7, 256)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = model(x)
+        with cpu_matmul.packed_linears(model, rows=7):
+            packed_types = [type(m).__name__ for m in model]
+            packed = model(x)
+    assert plain.dtype == packed.dtype == torch.bfloat16
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():  # both AVX512-BF16 and AMX CPUs
+        assert packed_types == ["_PackedLinear", "_PackedLinear", "Linear"]
+    else:
+        assert packed_types == ["Float32Linear", "Linear", "Linear"]
+    # Bit for bit on an AVX512-BF16 CPU; autocast's product and the packed one are different oneDNN
+    # primitives, so elsewhere a bfloat16 rounding apart at most.
+    torch.testing.assert_close(packed.float(), plain.float(), rtol=2 ** -7, atol=1e-3)
+
+
+def test_layers_stay_as_they_are_with_mkl_chosen_with_gradients_or_when_the_block_fails(choose):
+    choose("mkl")
+    model = _layers()
+    with torch.no_grad(), cpu_matmul.packed_linears(model, rows=4):
+        assert [type(m) for m in model] == [Float32Linear, torch.nn.Linear, torch.nn.Linear]
+    choose("onednn")
+    with pytest.raises(RuntimeError, match="^packed_linears computes without gradients"):
+        with cpu_matmul.packed_linears(model, rows=4):
+            pass
+    with pytest.raises(KeyError), torch.no_grad(), cpu_matmul.packed_linears(model, rows=4):
+        raise KeyError("inside")
+    assert [type(m) for m in model] == [Float32Linear, torch.nn.Linear, torch.nn.Linear]
+    assert not any(hasattr(m, "_packed_weight") for m in model)

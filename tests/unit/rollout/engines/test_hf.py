@@ -252,6 +252,42 @@ def test_a_weight_sharing_engine_samples_from_the_policy_itself(model, tok, prom
     assert engine.version == 4
 
 
+def test_float32_decoding_with_packed_weights_samples_the_same_bits(tok, prompts, monkeypatch):
+    """A Llama wide enough that its layers get packed (``cpu_matmul.packed_linears``) samples the same
+    tokens with the same log-probs as without packing, and its layers are their own again afterwards."""
+    import contextlib
+
+    from lit_ppo.models import cpu_matmul
+    from lit_ppo.rollout.engines import hf
+
+    monkeypatch.setenv(cpu_matmul.ENV, "onednn")
+    cpu_matmul.onednn_chosen.cache_clear()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+                         initializer_range=0.15, pad_token_id=0, eos_token_id=1, bos_token_id=None)
+    wide = cpu_matmul.use_onednn_linears(LlamaForCausalLM(config).eval())
+    seen = []
+    wide.model.layers[0].mlp.gate_proj.register_forward_pre_hook(lambda m, args: seen.append(type(m).__name__))
+    params = SamplingParams(n=3, max_new_tokens=10, temperature=0.7, top_k=12, top_p=0.8, seed=0)
+    try:
+        packed = HFEngine(wide, tok, max_batch_size=4).generate(prompts, params)
+        assert set(seen) == {"_PackedLinear"}
+        assert {type(m).__name__ for m in wide.modules() if isinstance(m, torch.nn.Linear)} == {"Float32Linear",
+                                                                                              "Linear"}
+        monkeypatch.setattr(hf, "packed_linears", lambda model, rows: contextlib.nullcontext())
+        plain = HFEngine(wide, tok, max_batch_size=4).generate(prompts, params)
+        assert set(seen[-1:]) == {"Float32Linear"}
+    finally:
+        cpu_matmul.onednn_chosen.cache_clear()
+    for prompt, group, same in zip(prompts, packed, plain):
+        for c, d in zip(group, same):
+            assert c.token_ids == d.token_ids and c.logprobs == d.logprobs
+            # A full forward without the cache sums in another order: a float32 rounding apart at these logits.
+            expected = recompute(wide, prompt, c.token_ids, temperature=0.7, top_k=12, top_p=0.8)
+            torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-4, rtol=0)
+
+
 def test_a_weight_sharing_engine_needs_the_models_device_and_dtype(model, tok):
     with pytest.raises(ValueError, match=r"^share_weights needs the model's own device \(cpu\) and dtype, not "
                                          r"device=None and dtype=bfloat16$"):
