@@ -39,9 +39,10 @@ gradient checkpointing (its default) and without (lit_ppo's default). TRL genera
 
 Both generate under bf16 autocast with bf16: TRL because accelerate wraps the model's forward, which
 ``generate`` calls; lit_ppo because its engine autocasts as the trainer does. lit_ppo keeps its own
-defaults there (each weight cast once per generate call, attention in float32 on CPU, its log-prob
-gap check at ``rollout.max_logp_gap=auto``; the gap it measures, ``mismatch/logp_abs_diff``, is
-reported), and its float32 products on CPU (oneDNN's where MKL's are slow, ``lit_ppo.models.cpu_matmul``);
+defaults there (each weight cast and packed for oneDNN once per generate call, attention in float32 on
+CPU, its log-prob gap check at ``rollout.max_logp_gap=auto``; the gap it measures,
+``mismatch/logp_abs_diff``, is reported), and its float32 products on CPU (oneDNN's where MKL's are slow,
+``lit_ppo.models.cpu_matmul``, packed once per generate call when decoding);
 on 32m and SmolLM2 it runs the update in micro-batches of a few hundred tokens (``LIT_MODEL_OVERRIDES``).
 Not matched: the prompts are the same train split in a different order (each side shuffles
 with its own seed), and so the completions and rewards differ. A random model almost never earns a
