@@ -17,9 +17,10 @@ vendor chooses it once per process: oneDNN unless the CPU is Intel's, where MKL 
 Decoding on CPU (``packed_linears``): a product with a plain weight has oneDNN rearrange the weight into its
 blocked layout at every call, which at a decoding step's few rows costs as much as the product. The HF
 engine has the layers' weights packed once per ``generate`` call and decodes with the packed copies. In
-float32 these are the same kernels on the same layout, so the same numbers, bit for bit (a single row, for
-which oneDNN takes another kernel, keeps the plain weight); in bfloat16 another oneDNN primitive than
-autocast's, bit for bit on an AVX512-BF16 CPU and at most a bfloat16 rounding apart elsewhere. Measured on
+float32 these are oneDNN's kernels on its own layout: the same numbers bit for bit on the AMD EPYC measured
+(a single row, for which oneDNN takes another kernel with a packed weight, keeps the plain one), at most a
+float32 rounding apart elsewhere. In bfloat16 another oneDNN primitive than autocast's: bit for bit on that
+EPYC (AVX512-BF16), at most a bfloat16 rounding apart elsewhere. Measured on
 one thread of an AMD EPYC (AVX-512): SmolLM2 4 prompts x 4 samples x 64 tokens generated in 3.3 s instead
 of 4.5 s in float32 and 2.2 s instead of 2.7 s under bfloat16 autocast, packing included (0.15 s); the
 copies live only during the call.

@@ -252,9 +252,10 @@ def test_a_weight_sharing_engine_samples_from_the_policy_itself(model, tok, prom
     assert engine.version == 4
 
 
-def test_float32_decoding_with_packed_weights_samples_the_same_bits(tok, prompts, monkeypatch):
+def test_float32_decoding_with_packed_weights_samples_the_same_tokens(tok, prompts, monkeypatch):
     """A Llama wide enough that its layers get packed (``cpu_matmul.packed_linears``) samples the same
-    tokens with the same log-probs as without packing, and its layers are their own again afterwards."""
+    tokens with the same log-probs (to float32 rounding; bit for bit on the AMD EPYC measured) as without
+    packing, and its layers are their own again afterwards."""
     import contextlib
 
     from lit_ppo.models import cpu_matmul
@@ -282,7 +283,8 @@ def test_float32_decoding_with_packed_weights_samples_the_same_bits(tok, prompts
         cpu_matmul.onednn_chosen.cache_clear()
     for prompt, group, same in zip(prompts, packed, plain):
         for c, d in zip(group, same):
-            assert c.token_ids == d.token_ids and c.logprobs == d.logprobs
+            assert c.token_ids == d.token_ids
+            torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(d.logprobs), atol=1e-6, rtol=0)
             # A full forward without the cache sums in another order: a float32 rounding apart at these logits.
             expected = recompute(wide, prompt, c.token_ids, temperature=0.7, top_k=12, top_p=0.8)
             torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-4, rtol=0)
