@@ -20,10 +20,10 @@ engine has the layers' weights packed once per ``generate`` call and decodes wit
 float32 these are oneDNN's kernels on its own layout: the same numbers bit for bit on the AMD EPYC measured
 (a single row, for which oneDNN takes another kernel with a packed weight, keeps the plain one), at most a
 float32 rounding apart elsewhere. In bfloat16 another oneDNN primitive than autocast's: bit for bit on that
-EPYC (AVX512-BF16), at most a bfloat16 rounding apart elsewhere. Measured on
-one thread of an AMD EPYC (AVX-512): SmolLM2 4 prompts x 4 samples x 64 tokens generated in 3.3 s instead
-of 4.5 s in float32 and 2.2 s instead of 2.7 s under bfloat16 autocast, packing included (0.15 s); the
-copies live only during the call.
+EPYC (AVX512-BF16), at most a bfloat16 rounding apart elsewhere. Measured on one thread of that EPYC:
+SmolLM2 4 prompts x 4 samples x 64 tokens generated in 3.3 s instead of 4.5 s in float32 and 2.2 s instead
+of 2.7 s under bfloat16 autocast, packing included (0.15 s); the copies live only during the call. Packing
+costs about one step's rearrangement, so a call of two decoding steps or more gains.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ trainer's recompute with ``sampling_logprobs`` gives the same number.
 Precision: the engine computes in its copy's dtype (``dtype``, default the policy's) and, with
 ``autocast``, under ``torch.autocast`` as Lightning's ``trainer.precision=bf16-mixed`` runs the
 trainer; the sampling log-softmax is float32 either way. On CPU the linear layers decode with their
-weights packed once per call for oneDNN (``lit_ppo.models.cpu_matmul.packed_linears``): the same numbers
-in less time.
+weights packed once per call for oneDNN (``lit_ppo.models.cpu_matmul.packed_linears``): the same products
+to the last rounding, in less time.
 
 Randomness is per sample: sample ``j`` of prompt ``i`` draws its uniforms from a generator seeded
 with a hash of ``(seed, i, j)``. A completion therefore depends only on its prompt, its index and

@@ -7,6 +7,7 @@ independent recompute, one full forward over the unpadded prompt + completion fo
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import string
 
@@ -15,7 +16,9 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from lit_ppo.models import cpu_matmul
 from lit_ppo.models.sampling import allowed_mask, sampling_logits, sampling_logprobs
+from lit_ppo.rollout.engines import hf
 from lit_ppo.rollout.engines.hf import HFEngine, _inverse_cdf
 from lit_ppo.rollout.engines.protocol import RolloutEngine, SamplingParams
 
@@ -256,11 +259,6 @@ def test_float32_decoding_with_packed_weights_samples_the_same_tokens(tok, promp
     """A Llama wide enough that its layers get packed (``cpu_matmul.packed_linears``) samples the same
     tokens with the same log-probs (to float32 rounding; bit for bit on the AMD EPYC measured) as without
     packing, and its layers are their own again afterwards."""
-    import contextlib
-
-    from lit_ppo.models import cpu_matmul
-    from lit_ppo.rollout.engines import hf
-
     monkeypatch.setenv(cpu_matmul.ENV, "onednn")
     cpu_matmul.onednn_chosen.cache_clear()
     torch.manual_seed(0)
