@@ -28,15 +28,20 @@ class DriverStop(L.Callback):
         self.stop = stop
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        signum = ray.get(self.stop.get.remote())
-        if signum is not None:
-            record_signal(signum)  # GracefulStop, a module callback and so after this one, stops every rank
+        self._record_driver_signal()  # GracefulStop, a module callback and so after this one, stops every rank
 
     def on_train_end(self, trainer, pl_module) -> None:
         # The driver says how the job ended: a worker's own output reaches its terminal through Ray's log
         # forwarding, which may still hold the last lines when the job ends.
         if trainer.is_global_zero:
+            # Rank 0 may have asked before the signal came, and stopped with the rank that saw it.
+            self._record_driver_signal()
             ray.get(self.stop.report.remote(stop_message(trainer)))
+
+    def _record_driver_signal(self) -> None:
+        signum = ray.get(self.stop.get.remote())
+        if signum is not None:
+            record_signal(signum)
 
 
 class RayWorkerCLI(LitPPOCLI):
